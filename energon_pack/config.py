@@ -279,7 +279,7 @@ class PackingConfig:
     max_segments: int | None = None
     buffer_size: int = 16
     max_wait_rounds: int = 4
-    min_fill: float = 0.97
+    min_fill: float = 0.99
     on_overlong: Literal["skip", "error"] = "skip"
     pixel_dtype: Literal["float32", "uint8"] = "float32"
     num_workers: int = 2
@@ -323,7 +323,7 @@ class PackingConfig:
         if not isinstance(self.min_fill, float) or not 0.0 < self.min_fill <= 1.0:  # bools are not floats
             yield (
                 f"min_fill={self.min_fill!r}: must be a number in (0, 1] (fraction of seq_length); "
-                "fix: set min_fill to e.g. 0.97"
+                "fix: set min_fill to e.g. 0.99"
             )
         yield _choice_problem("on_overlong", self.on_overlong, OVERLONG_POLICIES)
         yield _choice_problem("pixel_dtype", self.pixel_dtype, PIXEL_DTYPES)

@@ -80,5 +80,6 @@ class QwenVLChatWebdataset(DefaultGenericWebdatasetFactory[QwenVLChatSample]):
 
     __sample_type__ = QwenVLChatSample
 
-    def __init__(self, path: Any, **kwargs: Any) -> None:
+    def __init__(self, path: Any, *, decoder: Any = None, **kwargs: Any) -> None:
+        # ``decoder`` (from the task encoder) is accepted and unused: media always stay compressed.
         super().__init__(path, sample_loader=chat_fields_from_parts, part_filter=is_chat_part, **kwargs)

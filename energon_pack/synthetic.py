@@ -39,6 +39,8 @@ class SyntheticSpec:
     video_fps_choices: tuple[int, ...] = (10, 24, 30)
     max_video_side: int = 192
     max_images_per_sample: int = 4
+    #: Fraction of images written as PNGs cut in half: the header reads, decoding fails.
+    corrupt_fraction: float = 0.0
 
 
 def encode_image(pixels: np.ndarray, image_format: str, mode: str) -> bytes:
@@ -92,12 +94,16 @@ def _sentence(rng: np.random.Generator, min_words: int, max_words: int) -> str:
 
 def _write_image(rng: np.random.Generator, spec: SyntheticSpec, path: Path) -> str:
     image_format, mode = IMAGE_KINDS[int(rng.integers(len(IMAGE_KINDS)))]
+    corrupt = spec.corrupt_fraction > 0 and rng.random() < spec.corrupt_fraction
+    if corrupt:
+        image_format, mode = "PNG", "RGB"
     side = int(rng.integers(spec.min_image_side, spec.max_image_side + 1))
     aspect = float(np.exp(rng.uniform(np.log(1 / 3), np.log(3))))
     height = max(spec.min_image_side, min(spec.max_image_side, int(side / np.sqrt(aspect))))
     width = max(spec.min_image_side, min(spec.max_image_side, int(side * np.sqrt(aspect))))
     name = f"{path.name}.{_EXTENSION[image_format]}"
-    path.with_name(name).write_bytes(encode_image(_smooth_pixels(rng, height, width), image_format, mode))
+    data = encode_image(_smooth_pixels(rng, height, width), image_format, mode)
+    path.with_name(name).write_bytes(data[: len(data) // 2] if corrupt else data)
     return name
 
 

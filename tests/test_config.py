@@ -112,7 +112,7 @@ def test_all_violations_are_listed_together() -> None:
 def test_defaults_and_edge_values_are_accepted() -> None:
     config = PackingConfig(seq_length=8192)
     assert config.pad_multiple == 1
-    assert config.buffer_size == 16 and config.max_wait_rounds == 4 and config.min_fill == 0.97
+    assert config.buffer_size == 16 and config.max_wait_rounds == 4 and config.min_fill == 0.99
     assert PackingConfig(seq_length=8192, max_wait_rounds=0, num_workers=0).max_wait_rounds == 0
     assert PackingConfig(seq_length=8192, global_batch_size=4, topology=ParallelTopology(dp=4)).global_batch_size == 4
     assert ParallelTopology(sp=True).pad_multiple == 1  # sp with tp == 1: no effect

@@ -1,0 +1,104 @@
+"""``energon-pack``: demo, prepare, simulate, bench, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from energon_pack.prepare import PrepareError, format_report, prepare_dataset
+
+    try:
+        report = prepare_dataset(
+            args.input,
+            args.media_root,
+            args.out,
+            split_ratio=args.split_ratio,
+            on_error=args.on_error,
+            samples_per_shard=args.samples_per_shard,
+        )
+    except PrepareError as err:
+        print(f"energon-pack prepare: {err}", file=sys.stderr)
+        return 1
+    print(format_report(report))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from energon_pack.demo import run_demo
+
+    return run_demo(out_dir=args.out, num_samples=args.samples, seq_length=args.seq_length, num_workers=args.workers)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from energon_pack.simulate_cli import run_simulate
+
+    return run_simulate(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from energon_pack.bench import run_bench
+
+    return run_bench(args)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from energon_pack.inspect_dataset import run_inspect
+
+    return run_inspect(args.dataset, split=args.split, limit=args.limit)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``energon-pack`` argument parser (one sub-command per job)."""
+    parser = argparse.ArgumentParser(prog="energon-pack", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="offline end-to-end demo on synthetic image+video chats")
+    demo.add_argument("--out", type=Path, default=None, help="working folder (default: a cache folder)")
+    demo.add_argument("--samples", type=int, default=96, help="synthetic samples to generate")
+    demo.add_argument("--seq-length", type=int, default=4096, help="row width W in tokens")
+    demo.add_argument("--workers", type=int, default=2, help="Energon worker processes")
+    demo.set_defaults(func=_cmd_demo)
+
+    prepare = commands.add_parser("prepare", help="chat records + media -> Energon WebDataset")
+    prepare.add_argument("input", type=Path, help="JSON Lines (or JSON list) of chat records")
+    prepare.add_argument("--media-root", type=Path, required=True, help="folder media paths are relative to")
+    prepare.add_argument("--out", type=Path, required=True, help="dataset folder to write")
+    prepare.add_argument("--split-ratio", default="1,0,0", help="train,val,test shard ratio (default 1,0,0)")
+    prepare.add_argument("--on-error", choices=("skip", "fail"), default="skip", help="bad records: skip (report) or fail")
+    prepare.add_argument("--samples-per-shard", type=int, default=100)
+    prepare.set_defaults(func=_cmd_prepare)
+
+    simulate = commands.add_parser("simulate", help="fill of our bin selection vs first-fit-decreasing per buffer")
+    simulate.add_argument("--dataset", type=Path, default=None, help="prepared dataset (default: built-in reference mix)")
+    simulate.add_argument("--samples", type=int, default=4000, help="samples of the reference mix")
+    simulate.add_argument("--widths", default="4096,8192,16384", help="row widths W")
+    simulate.add_argument("--buffers", default="8,16,32,64", help="buffer sizes")
+    simulate.add_argument("--plot", type=Path, default=None, help="write a fill plot PNG (needs the plot extra)")
+    simulate.set_defaults(func=_cmd_simulate)
+
+    bench = commands.add_parser("bench", help="side-by-side speed and memory benchmarks")
+    bench.add_argument("--stage", choices=("preencode", "postencode", "loader", "all"), default="all")
+    bench.add_argument("--samples", type=int, default=64)
+    bench.add_argument("--out", type=Path, default=None, help="working folder (default: a cache folder)")
+    bench.set_defaults(func=_cmd_bench)
+
+    inspect = commands.add_parser("inspect", help="summarise a prepared dataset")
+    inspect.add_argument("dataset", type=Path)
+    inspect.add_argument("--split", default="train")
+    inspect.add_argument("--limit", type=int, default=None, help="read at most this many samples")
+    inspect.set_defaults(func=_cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``energon-pack`` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""``get_packing_loader``: one call from a dataset path to Energon's savable loader of THD rows.
+
+The returned ``PackingDataLoader`` is Energon's ``SavableDataLoader`` plus two things:
+``save_state_rank`` records a fingerprint of everything exact resume depends on and
+``restore_state_rank`` refuses a state saved under a different one (naming the fields);
+``stats()`` aggregates the per-worker packing statistics carried by the rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from megatron.energon import SavableDataLoader, WorkerConfig, get_train_dataset, get_val_dataset
+
+from energon_pack.config import PackingConfig, check_resume_fingerprint
+from energon_pack.qwen.geometry import VisionSpec
+from energon_pack.qwen.rope import RopeSpec
+from energon_pack.stats import aggregate_stats
+from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+
+
+@dataclass
+class PackingLoaderState:
+    """Picklable loader state of one data-parallel rank: Energon's state plus the fingerprint."""
+
+    energon_state: Any
+    fingerprint: dict[str, Any]
+
+
+def processor_fingerprint(processor: Any) -> dict[str, Any]:
+    """Identity of a processor for exact resume: class, tokenizer vocabulary and template hash."""
+    tokenizer = processor.tokenizer
+    template = getattr(processor, "chat_template", None) or ""
+    return {
+        "processor_class": type(processor).__name__,
+        "processor_path": str(getattr(tokenizer, "name_or_path", "") or ""),
+        "vocab_size": len(tokenizer),
+        "chat_template_sha": hashlib.sha256(template.encode("utf-8")).hexdigest()[:16],
+    }
+
+
+def resume_fingerprint(
+    config: PackingConfig, processor: Any, vision: VisionSpec, rope: RopeSpec, world_size: int, split: str
+) -> dict[str, Any]:
+    """Everything exact resume depends on, as one flat JSON-able dict."""
+    return {
+        **config.fingerprint(),
+        **processor_fingerprint(processor),
+        **{f"vision.{name}": value for name, value in vars(vision).items()},
+        "rope": repr(rope),
+        "world_size": world_size,
+        "split": split,
+    }
+
+
+class PackingDataLoader(SavableDataLoader):
+    """Energon's savable loader with a resume fingerprint and aggregated packing statistics."""
+
+    def __init__(self, dataset: Any, *, fingerprint: dict[str, Any], allow_inexact_resume: bool, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.fingerprint = fingerprint
+        self.allow_inexact_resume = allow_inexact_resume
+        self._worker_stats: dict[int, dict[str, Any]] = {}
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            snapshot = batch.get("__stats__") if isinstance(batch, dict) else None
+            if snapshot:
+                self._worker_stats[snapshot["worker_id"]] = snapshot
+            yield batch
+
+    def stats(self) -> dict[str, Any]:
+        """Aggregated statistics of this rank's workers (latest snapshot each), skips by reason."""
+        snapshots = list(self._worker_stats.values())
+        report = aggregate_stats(snapshots)
+        report["worker_peak_rss_bytes"] = max((s.get("peak_rss_bytes", 0) for s in snapshots), default=0)
+        report["buffered_samples"] = sum(s.get("buffered_samples", 0) for s in snapshots)
+        report["buffered_bytes"] = sum(s.get("buffered_bytes", 0) for s in snapshots)
+        return report
+
+    def save_state_rank(self) -> PackingLoaderState:
+        return PackingLoaderState(energon_state=super().save_state_rank(), fingerprint=dict(self.fingerprint))
+
+    def restore_state_rank(self, state: PackingLoaderState | None) -> None:
+        if state is None:
+            return
+        if not isinstance(state, PackingLoaderState):
+            raise TypeError(
+                f"restore_state_rank got {type(state).__name__}; pass the object returned by "
+                "PackingDataLoader.save_state_rank()"
+            )
+        check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        super().restore_state_rank(state.energon_state)
+
+
+def _distributed_rank_info(
+    rank: int | None, world_size: int | None, data_parallel_group: Any
+) -> tuple[int, int, Any]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        group_rank = dist.get_rank(data_parallel_group)
+        group_size = dist.get_world_size(data_parallel_group)
+        if (rank is not None and rank != group_rank) or (world_size is not None and world_size != group_size):
+            raise ValueError(
+                f"rank={rank}, world_size={world_size} disagree with torch.distributed "
+                f"(data-parallel rank {group_rank} of {group_size}); drop the explicit values or pass the "
+                "right data_parallel_group"
+            )
+        return group_rank, group_size, data_parallel_group
+    rank, world_size = (0 if rank is None else rank), (1 if world_size is None else world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    return rank, world_size, None
+
+
+def get_packing_loader(
+    path: Any,
+    config: PackingConfig,
+    processor: Any = None,
+    *,
+    split: Literal["train", "val", "test"] | str = "train",
+    rank: int | None = None,
+    world_size: int | None = None,
+    data_parallel_group: Any = None,
+    rope_spec: RopeSpec | None = None,
+    **loader_kwargs: Any,
+) -> PackingDataLoader:
+    """Build the packing loader of one data-parallel rank.
+
+    Rank, world size and group come from ``torch.distributed`` when it is initialized, else
+    from ``rank`` / ``world_size`` (default 0 / 1). ``split="train"`` repeats as
+    ``config.repeat`` says; other splits are read once (a validation "batch" is one packed
+    row, not one conversation). Other keyword arguments (``checkpoint_every_sec``,
+    ``checkpoint_every_min_n_samples``, ...) go to Energon's ``SavableDataLoader``.
+    """
+    rank, world_size, group = _distributed_rank_info(rank, world_size, data_parallel_group)
+    task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
+    worker_config = WorkerConfig(
+        rank=rank,
+        world_size=world_size,
+        num_workers=config.num_workers,
+        data_parallel_group=group,
+        seed_offset=config.seed,
+    )
+    if split == "train":
+        dataset = get_train_dataset(
+            path,
+            split_part=split,
+            worker_config=worker_config,
+            batch_size=1,
+            shuffle_buffer_size=config.shuffle_buffer_size,
+            max_samples_per_sequence=config.max_samples_per_sequence,
+            task_encoder=task_encoder,
+            repeat=config.repeat,
+        )
+    else:
+        dataset = get_val_dataset(path, split_part=split, worker_config=worker_config, batch_size=1, task_encoder=task_encoder)
+    fingerprint = resume_fingerprint(
+        config, task_encoder.processor, task_encoder.vision, task_encoder.rope_spec, world_size, split
+    )
+    return PackingDataLoader(
+        dataset, fingerprint=fingerprint, allow_inexact_resume=config.allow_inexact_resume, **loader_kwargs
+    )

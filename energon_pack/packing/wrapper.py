@@ -1,0 +1,276 @@
+"""The savable Energon packing stage: reading buffer, pending groups, ready bins, exact resume.
+
+Energon's own ``PackingDataset`` drops every sample its selector does not return and cannot
+carry under-filled bins across rounds, so this stage replaces it. Per worker it
+
+1. admits prepared samples into the reading buffer (bad-sample markers and overlong samples
+   are counted and dropped, never buffered);
+2. when ``buffer_size`` new samples have arrived (or the stream ended), runs one selection
+   round over new + pending samples (``select_bins``): full bins and bins holding a sample
+   that waited ``max_wait_rounds`` rounds become ready, the rest stays pending;
+3. pops one ready bin at a time, postencodes only its samples (pixels), packs them and yields
+   the row. At the end of a finite stream everything pending is flushed.
+
+All state lives in ``_savable_fields``: buffers as restore keys, plain lists/ints and
+``SampleIndex`` counters; state is mutated only between yields, and a bin is popped before
+its row is yielded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+from megatron.energon.flavors.base_dataset import (
+    FlexState,
+    SavableDataset,
+    add_sample_restore_key,
+    set_sample_restore_key,
+)
+from megatron.energon.worker import WorkerConfig
+from megatron.energon.wrappers.base import BaseWrapperDataset, SampleIndex, get_sample_restore_key
+from megatron.energon.wrappers.buffer import SavableSampleBuffer
+
+from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
+from energon_pack.errors import BadSampleError
+from energon_pack.packing.algorithms import PackItem, select_bins
+from energon_pack.stats import PackingStats, worker_telemetry
+from energon_pack.thd import aligned_length
+
+logger = logging.getLogger(__name__)
+
+
+class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
+    """Packs prepared samples into fixed-width rows, carrying under-filled bins across rounds."""
+
+    _reading_buffer: SavableSampleBuffer
+    _pending_buffer: SavableSampleBuffer
+    _ready_buffer: SavableSampleBuffer
+
+    _savable_fields = (
+        "_reading_buffer",
+        "_pending_buffer",
+        "_pending_items",
+        "_ready_buffer",
+        "_ready_sizes",
+        "_next_index",
+        "_round_index",
+        "_source_exhausted",
+        "_stats",
+        "_encode_index",
+        "_pack_index",
+    )
+
+    def __init__(
+        self,
+        dataset: SavableDataset[PreparedSample],
+        *,
+        seq_length: int,
+        pad_multiple: int,
+        buffer_size: int,
+        min_fill: float,
+        max_wait_rounds: int,
+        max_segments: int | None,
+        on_overlong: Literal["skip", "error"],
+        postencode: Callable[[PreparedSample], EncodedSample],
+        pack: Callable[[list[EncodedSample]], PackedRow],
+        worker_config: WorkerConfig,
+    ) -> None:
+        super().__init__(dataset, worker_config=worker_config)
+        self.seq_length = seq_length
+        self.pad_multiple = pad_multiple
+        self.buffer_size = buffer_size
+        self.min_fill = min_fill
+        self.max_wait_rounds = max_wait_rounds
+        self.max_segments = max_segments
+        self.on_overlong = on_overlong
+        self.postencode = postencode
+        self.pack = pack
+        self._restored = False
+        self.reset_state_own()
+
+    def reset_state_own(self) -> None:
+        self._reading_buffer = SavableSampleBuffer(self.dataset, worker_config=self.worker_config)
+        self._pending_buffer = SavableSampleBuffer(self.dataset, worker_config=self.worker_config)
+        #: (arrival index, arrival round) of each pending sample, parallel to _pending_buffer.
+        self._pending_items: list[tuple[int, int]] = []
+        self._ready_buffer = SavableSampleBuffer(self.dataset, worker_config=self.worker_config)
+        #: Sizes of the ready bins stored back to back in _ready_buffer.
+        self._ready_sizes: list[int] = []
+        self._next_index = 0
+        self._round_index = 0
+        #: The source ended (finite stream): only flush what is buffered, never read it again.
+        self._source_exhausted = False
+        self._stats = PackingStats()
+        self._encode_index = SampleIndex(self.worker_config, src=self)
+        self._pack_index = SampleIndex(self.worker_config, src=self)
+
+    def restore_state(self, state: FlexState) -> None:
+        super().restore_state(state)
+        self._restored = True
+
+    def len_worker(self, worker_idx: int | None = None) -> int:
+        # Rows per worker are unknown before packing; the source length bounds them.
+        return self.dataset.len_worker(worker_idx)
+
+    # --- stream -------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[PackedRow]:
+        for buffer in (self._reading_buffer, self._pending_buffer, self._ready_buffer):
+            buffer.worker_start()
+        restored, self._restored = self._restored, False
+        self._stats.worker_id = self.worker_config.rank_worker_id()
+        if self._source_exhausted and not self._has_buffered():
+            # A finished epoch. Restored from such a state, the worker is done (this also stops
+            # Energon 7.4.1 from replaying a finished worker's share); otherwise start anew.
+            self._source_exhausted = False
+            if restored:
+                return
+        source = None if self._source_exhausted else iter(self.dataset)
+        while True:
+            yield from self._emit_ready()
+            if not self._source_exhausted:
+                assert source is not None
+                self._fill_reading_buffer(source)
+            elif not self._has_buffered():
+                return
+            self._run_round(flush=self._source_exhausted)
+
+    def _has_buffered(self) -> bool:
+        return bool(self._reading_buffer.buffer or self._pending_items or self._ready_sizes)
+
+    def _fill_reading_buffer(self, source: Iterator[PreparedSample]) -> None:
+        while len(self._reading_buffer.buffer) < self.buffer_size:
+            try:
+                sample = next(source)
+            except StopIteration:
+                self._source_exhausted = True
+                return
+            self._admit(sample)
+
+    def _admit(self, sample: PreparedSample) -> None:
+        """Count ``sample``; buffer it unless it is a bad-sample marker or overlong."""
+        self._stats.samples_in += 1
+        if sample.skip_reason is not None:
+            self._skip(sample, sample.skip_reason)
+            return
+        slots = aligned_length(sample.num_tokens, self.pad_multiple)
+        if slots > self.seq_length:
+            detail = (
+                f"sample {sample.__key__!r} has {sample.num_tokens} tokens ({slots} slots aligned to "
+                f"{self.pad_multiple}) but seq_length is {self.seq_length}"
+            )
+            if self.on_overlong == "error":
+                raise ValueError(
+                    f"{detail}; rule: every sample must fit one row; fix: raise seq_length, lower the "
+                    "processor's max_pixels / max_frames, or set on_overlong='skip'"
+                )
+            self._skip(sample, f"overlong: {detail}")
+            return
+        self._reading_buffer.append(sample)
+
+    def _skip(self, sample: Any, reason: str) -> None:
+        self._stats.count_skip(reason.split(":", 1)[0])
+        logger.warning("energon_pack: skipping sample %r: %s", getattr(sample, "__key__", None), reason)
+
+    def _run_round(self, *, flush: bool) -> None:
+        """Select bins over pending + new samples; ready bins move to the ready buffer."""
+        samples: dict[int, PreparedSample] = {}
+        candidates: list[PackItem] = []
+        for sample, (index, arrival) in zip(self._pending_buffer.buffer, self._pending_items):
+            samples[index] = sample
+            candidates.append(PackItem(index=index, length=self._slots(sample), arrival_round=arrival))
+        for sample in self._reading_buffer.buffer:
+            index = self._next_index
+            self._next_index += 1
+            samples[index] = sample
+            candidates.append(PackItem(index=index, length=self._slots(sample), arrival_round=self._round_index))
+        result = select_bins(
+            candidates,
+            capacity=self.seq_length,
+            round_index=self._round_index,
+            min_fill=self.min_fill,
+            max_wait_rounds=self.max_wait_rounds,
+            max_segments=self.max_segments,
+            flush=flush,
+        )
+        self._reading_buffer.clear()
+        self._pending_buffer.clear()
+        self._pending_items = []
+        for group in result.pending:
+            for item in group:
+                self._pending_buffer.append(samples[item.index])
+                self._pending_items.append((item.index, item.arrival_round))
+        for group in result.emitted:
+            self._ready_buffer.extend([samples[item.index] for item in group])
+            self._ready_sizes.append(len(group))
+            waited = max(self._round_index - item.arrival_round for item in group)
+            self._stats.max_wait_rounds_seen = max(self._stats.max_wait_rounds_seen, waited)
+        self._round_index += 1
+        self._stats.rounds += 1
+
+    def _slots(self, sample: PreparedSample) -> int:
+        return aligned_length(sample.num_tokens, self.pad_multiple)
+
+    def _emit_ready(self) -> Iterator[PackedRow]:
+        while self._ready_sizes:
+            size = self._ready_sizes.pop(0)
+            group = self._ready_buffer.buffer[:size]
+            del self._ready_buffer[:size]
+            member_keys = tuple(get_sample_restore_key(sample) for sample in group)
+            encoded = [e for e in map(self._postencode_or_skip, group) if e is not None]
+            if not encoded:
+                continue
+            with self._pack_index.ctx() as pack_index:
+                row = self.pack(encoded)
+            real_tokens = sum(e.segment.length for e in encoded)
+            self._stats.count_row(real_tokens, self.seq_length, len(encoded))
+            row.stats = {**self._stats.snapshot(), **worker_telemetry(self._buffered_nbytes())}
+            yield set_sample_restore_key(row, pack_index, *member_keys, src=self)
+
+    def _buffered_nbytes(self) -> Iterator[int]:
+        for buffer in (self._reading_buffer, self._pending_buffer, self._ready_buffer):
+            yield from (sample.nbytes() for sample in buffer.buffer)
+
+    def _postencode_or_skip(self, sample: PreparedSample) -> EncodedSample | None:
+        try:
+            with self._encode_index.ctx() as encode_index:
+                encoded = self.postencode(sample)
+        except BadSampleError as err:
+            self._skip(sample, str(err))
+            return None
+        return add_sample_restore_key(encoded, encode_index, src=self)
+
+    # --- restore by key (Energon's sample restore) -----------------------------------------
+
+    def restore_sample(self, restore_key: tuple[Any, ...]) -> PackedRow:
+        """Rebuild the row whose restore key is ``(name, pack_index, *member restore keys)``."""
+        name, pack_index, *member_keys = restore_key
+        assert name == type(self).__name__, f"restore key {restore_key!r} is not from {type(self).__name__}"
+        encoded = []
+        for member_key in member_keys:
+            sample = self.dataset.restore_sample(member_key)
+            result = self._postencode_or_skip(sample)
+            if result is not None:
+                encoded.append(result)
+        with self._pack_index.ctx(pack_index):
+            row = self.pack(encoded)
+        row.stats = {}
+        return set_sample_restore_key(row, pack_index, *member_keys, src=self)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__qualname__,
+            "seq_length": self.seq_length,
+            "pad_multiple": self.pad_multiple,
+            "buffer_size": self.buffer_size,
+            "min_fill": self.min_fill,
+            "max_wait_rounds": self.max_wait_rounds,
+            "max_segments": self.max_segments,
+            "on_overlong": self.on_overlong,
+            "dataset": self.dataset.config(),
+        }
+
+    def __str__(self) -> str:
+        return f"PendingGroupPackingDataset(seq_length={self.seq_length}, buffer_size={self.buffer_size}, dataset={self.dataset})"

@@ -1,0 +1,110 @@
+"""Per-worker packing statistics: counters kept in savable state and aggregated in the main process.
+
+Each worker's packing stage owns one ``PackingStats`` (part of its saved state, so counters
+survive an exact resume) and attaches a snapshot to every row it emits (``row["__stats__"]``).
+The loader keeps the latest snapshot per worker; ``aggregate_stats`` sums them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from megatron.energon.savable import Savable
+
+FILL_BINS = 20  # fill histogram buckets of width 1/FILL_BINS
+
+
+@dataclass
+class PackingStats(Savable):
+    """Counters of one worker's packing stage. Token counts are real tokens; slots are physical."""
+
+    worker_id: int = 0
+    samples_in: int = 0
+    samples_packed: int = 0
+    rows: int = 0
+    real_tokens: int = 0
+    row_slots: int = 0
+    rounds: int = 0
+    max_wait_rounds_seen: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    fill_histogram: list[int] = field(default_factory=lambda: [0] * FILL_BINS)
+
+    def count_skip(self, reason: str) -> None:
+        """Count one skipped sample under ``reason`` (a short snake_case key)."""
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def count_row(self, real_tokens: int, width: int, num_samples: int) -> None:
+        """Count one emitted row of ``width`` slots holding ``real_tokens`` tokens of ``num_samples`` samples."""
+        self.rows += 1
+        self.samples_packed += num_samples
+        self.real_tokens += real_tokens
+        self.row_slots += width
+        bucket = min(FILL_BINS - 1, int(real_tokens / width * FILL_BINS))
+        self.fill_histogram[bucket] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain-dict copy (picklable, safe to attach to a row)."""
+        return asdict(self)
+
+    def save_state(self) -> dict[str, Any]:
+        return self.snapshot()
+
+    def restore_state(self, state: Mapping[str, Any] | None) -> None:
+        fresh = PackingStats(worker_id=self.worker_id)
+        for name, value in (asdict(fresh) if state is None else state).items():
+            setattr(self, name, value)
+
+
+def fill(real_tokens: int, row_slots: int) -> float:
+    """Fraction of row slots holding real tokens. Example: (7900, 8192) -> 0.9644."""
+    return real_tokens / row_slots if row_slots else 0.0
+
+
+def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Sum per-worker snapshots into one report dict (adds ``fill`` and ``skipped_total``).
+
+    Example: two workers with rows 3 and 4 -> ``{"rows": 7, ...}``.
+    """
+    total: dict[str, Any] = {"workers": 0, "skipped": Counter(), "fill_histogram": [0] * FILL_BINS}
+    summed = ("samples_in", "samples_packed", "rows", "real_tokens", "row_slots", "rounds")
+    for name in summed:
+        total[name] = 0
+    total["max_wait_rounds_seen"] = 0
+    for snap in snapshots:
+        total["workers"] += 1
+        for name in summed:
+            total[name] += snap[name]
+        total["max_wait_rounds_seen"] = max(total["max_wait_rounds_seen"], snap["max_wait_rounds_seen"])
+        total["skipped"].update(snap["skipped"])
+        total["fill_histogram"] = [a + b for a, b in zip(total["fill_histogram"], snap["fill_histogram"])]
+    total["skipped"] = dict(sorted(total["skipped"].items()))
+    total["skipped_total"] = sum(total["skipped"].values())
+    total["fill"] = fill(total["real_tokens"], total["row_slots"])
+    return total
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (Linux ``VmHWM``; current RSS elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def worker_telemetry(buffered_bytes: Iterable[int]) -> dict[str, int]:
+    """Measurements (not state) attached to a row: peak RSS and what the buffers hold.
+
+    Example: buffers holding samples of 100 and 300 bytes ->
+    ``{"peak_rss_bytes": ..., "buffered_samples": 2, "buffered_bytes": 400}``.
+    """
+    sizes = list(buffered_bytes)
+    return {"peak_rss_bytes": peak_rss_bytes(), "buffered_samples": len(sizes), "buffered_bytes": sum(sizes)}

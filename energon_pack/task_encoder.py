@@ -1,0 +1,240 @@
+"""``QwenVLPackingTaskEncoder``: the Energon task encoder that packs Qwen-VL chat samples.
+
+Stages (one worker): ``preencode_sample`` (tokens and geometry from headers, no pixels) ->
+``PendingGroupPackingDataset`` (bin selection with pending groups, installed by
+``build_batch``) -> ``postencode_sample`` (pixels and rope positions, only for the emitted
+bin) -> ``pack_selected_samples`` (segments of one row) -> ``batch`` (the THD dict, MBS=1).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from megatron.energon import TaskEncoder
+from megatron.energon.task_encoder.base import stateless
+from megatron.energon.flavors.base_dataset import SavableDataset
+from megatron.energon.worker import WorkerConfig
+from megatron.energon.wrappers.batch_dataset import BatchDataset
+
+from energon_pack.config import PackingConfig
+from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
+from energon_pack.errors import BadSampleError
+from energon_pack.packing.wrapper import PendingGroupPackingDataset
+from energon_pack.qwen.geometry import VisionSpec, image_grid, sample_frame_indices, second_per_grid_ts, video_grid
+from energon_pack.qwen.media import probe_image, probe_video
+from energon_pack.qwen.pixels import image_pixels, video_pixels
+from energon_pack.qwen.processor import load_processor, processor_family
+from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
+from energon_pack.qwen.template import ChatMarkers, VideoTiming, tokenize_conversation
+from energon_pack.samples import QwenVLChatSample
+from energon_pack.thd import PackedSegment, build_thd_row, collate_rows
+from energon_pack.visual import VisualInputs
+
+# Forked Energon workers must not share the tokenizer's Rust thread pool.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+#: tokens_per_second of the released Qwen2.5-VL checkpoints (used when no model config is known).
+QWEN25_TOKENS_PER_SECOND = 2
+
+
+def default_rope_spec(processor: Any) -> RopeSpec:
+    """Rope constants for a processor: its family, merge size and pad token ids.
+
+    Example: ``default_rope_spec(load_processor())`` -> ``RopeSpec(family="qwen2.5-vl",
+    tokens_per_second=2, ...)``.
+    """
+    family = processor_family(processor)
+    return RopeSpec(
+        family=family,
+        spatial_merge_size=int(processor.image_processor.merge_size),
+        tokens_per_second=QWEN25_TOKENS_PER_SECOND if family == "qwen2.5-vl" else None,
+        image_token_id=int(processor.image_token_id),
+        video_token_id=int(processor.video_token_id),
+    )
+
+
+class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
+    """Packs Qwen-VL chat samples into fixed-width THD rows (see DESIGN.md sections 2-5).
+
+    ``processor``: a Qwen-VL processor (``load_processor()`` when None); its pixel limits
+    decide token counts. ``rope_spec``: rope constants (from the model config when known;
+    otherwise derived from the processor).
+    """
+
+    decoder = None  # raw bytes reach preencode: media stay compressed until postencode
+
+    def __init__(self, config: PackingConfig, processor: Any = None, *, rope_spec: RopeSpec | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.processor = processor if processor is not None else load_processor()
+        self.vision = VisionSpec.from_processor(self.processor)
+        self.rope_spec = rope_spec or default_rope_spec(self.processor)
+        self.markers = ChatMarkers.from_tokenizer(self.processor.tokenizer)
+        self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
+        self.uint8_pixels = config.pixel_dtype == "uint8"
+
+    # --- preencode: tokens and geometry, no pixels ---------------------------------------
+
+    @stateless
+    def preencode_sample(self, sample: QwenVLChatSample) -> PreparedSample:
+        """Tokenize and measure ``sample`` from media headers; a bad sample becomes a skip marker."""
+        try:
+            return self._prepare(sample)
+        except BadSampleError as err:
+            return PreparedSample.skipped(sample, str(err))
+
+    def _prepare(self, sample: QwenVLChatSample) -> PreparedSample:
+        if sample.invalid_reason is not None:
+            reason, _, detail = sample.invalid_reason.partition(": ")
+            raise BadSampleError(reason, detail)
+        image_grids = None
+        if sample.images:
+            sizes = [probe_image(data) for data in sample.images]
+            image_grids = np.array([image_grid(info.height, info.width, self.vision) for info in sizes], dtype=np.int64)
+        video_grids, timings, seconds = None, [], None
+        if sample.videos:
+            grids = []
+            for data in sample.videos:
+                info = probe_video(data)
+                indices = sample_frame_indices(info.num_frames, info.fps, self.vision)
+                timings.append(VideoTiming(total_frames=info.num_frames, fps=info.fps, frame_indices=tuple(indices)))
+                grids.append(video_grid(len(indices), info.height, info.width, self.vision))
+            video_grids = np.array(grids, dtype=np.int64)
+            seconds = [
+                second_per_grid_ts(len(t.frame_indices), t.total_frames, t.fps, self.vision.temporal_patch_size)
+                for t in timings
+            ]
+        tokens = tokenize_conversation(
+            self.processor,
+            sample.conversation,
+            image_grid_thw=image_grids,
+            video_grid_thw=video_grids,
+            videos=timings,
+            markers=self.markers,
+        )
+        return PreparedSample.derive_from(
+            sample,
+            input_ids=torch.from_numpy(tokens.input_ids),
+            labels=torch.from_numpy(tokens.labels),
+            loss_mask=torch.from_numpy(tokens.loss_mask),
+            images=sample.images,
+            videos=sample.videos,
+            image_grid_thw=None if image_grids is None else torch.from_numpy(image_grids),
+            video_grid_thw=None if video_grids is None else torch.from_numpy(video_grids),
+            second_per_grid_ts=seconds,
+            video_timings=timings or None,
+        )
+
+    # --- postencode: pixels and rope positions, only for emitted bins ---------------------
+
+    @stateless
+    def postencode_sample(self, sample: PreparedSample) -> EncodedSample:
+        """Decode and patchify the media of ``sample``; raises ``BadSampleError`` on bad media."""
+        pixel_values = pixel_values_videos = None
+        if sample.images:
+            pixel_values = image_pixels(
+                self.processor, sample.images, sample.image_grid_thw.numpy(), uint8=self.uint8_pixels
+            )
+        if sample.videos:
+            pixel_values_videos = video_pixels(
+                self.processor, sample.videos, sample.video_timings, sample.video_grid_thw.numpy(), uint8=self.uint8_pixels
+            )
+        seconds = None if sample.second_per_grid_ts is None else torch.tensor(sample.second_per_grid_ts, dtype=torch.float32)
+        mrope = mrope_position_ids(
+            sample.input_ids,
+            spec=self.rope_spec,
+            image_grid_thw=sample.image_grid_thw,
+            video_grid_thw=sample.video_grid_thw,
+            second_per_grid_ts=seconds,
+        )
+        visual = VisualInputs(
+            pixel_values=pixel_values,
+            image_grid_thw=sample.image_grid_thw,
+            pixel_values_videos=pixel_values_videos,
+            video_grid_thw=sample.video_grid_thw,
+            second_per_grid_ts=seconds if self.rope_spec.family == "qwen2.5-vl" else None,
+            **(self._normalisation_constants() if self.uint8_pixels and (sample.images or sample.videos) else {}),
+        )
+        segment = PackedSegment(
+            key=sample.__key__,
+            input_ids=sample.input_ids,
+            labels=sample.labels,
+            loss_mask=sample.loss_mask,
+            mrope_position_ids=mrope,
+            visual=visual,
+        )
+        return EncodedSample.derive_from(sample, segment=segment)
+
+    def _normalisation_constants(self) -> dict[str, Any]:
+        processor = self.processor.image_processor
+        return {
+            "image_mean": tuple(float(v) for v in processor.image_mean),
+            "image_std": tuple(float(v) for v in processor.image_std),
+            "rescale_factor": float(processor.rescale_factor),
+        }
+
+    # --- rows ----------------------------------------------------------------------------
+
+    @stateless
+    def pack_selected_samples(self, samples: list[EncodedSample]) -> PackedRow:
+        """The segments of one row, in selection order (statistics are attached by the packing stage)."""
+        return PackedRow.derive_from(samples[0], segments=[s.segment for s in samples], stats={})
+
+    @stateless
+    def batch(self, rows: list[PackedRow]) -> dict:
+        """One THD row (DESIGN.md section 4) from a micro-batch of exactly one packed row."""
+        return collate_rows([self._thd_row(row) for row in rows])
+
+    def _thd_row(self, row: PackedRow) -> dict:
+        out = build_thd_row(
+            row.segments,
+            seq_length=self.config.seq_length,
+            pad_multiple=self.config.pad_multiple,
+            pad_token_id=self.pad_token_id,
+            pad_cu_seqlens=self.config.pad_cu_seqlens,
+            max_segments=self.config.max_segments,
+        )
+        out["__stats__"] = row.stats
+        out["__restore_key__"] = row.__restore_key__
+        return out
+
+    def build_batch(
+        self,
+        dataset: SavableDataset[PreparedSample],
+        *,
+        batch_size: int | None,
+        batch_drop_last: bool = False,
+        packing_buffer_size: int | None = None,
+        worker_config: WorkerConfig,
+    ) -> SavableDataset[dict]:
+        """Install the pending-group packing stage, then batch one row per micro-batch."""
+        if batch_size != 1 or packing_buffer_size is not None:
+            raise ValueError(
+                f"batch_size={batch_size}, packing_buffer_size={packing_buffer_size}: packed rows need "
+                "micro-batch size 1 and no Energon packing buffer (PackingConfig.buffer_size replaces it); "
+                "build the loader with get_packing_loader"
+            )
+        packed = PendingGroupPackingDataset(
+            dataset,
+            seq_length=self.config.seq_length,
+            pad_multiple=self.config.pad_multiple,
+            buffer_size=self.config.buffer_size,
+            min_fill=self.config.min_fill,
+            max_wait_rounds=self.config.max_wait_rounds,
+            max_segments=self.config.max_segments,
+            on_overlong=self.config.on_overlong,
+            postencode=self.postencode_sample,
+            pack=self.pack_selected_samples,
+            worker_config=worker_config,
+        )
+        return BatchDataset(
+            packed,
+            batch_size=1,
+            batcher=self.batch,
+            batcher_stateless=True,
+            drop_last=False,
+            worker_config=worker_config,
+        )

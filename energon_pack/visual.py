@@ -1,0 +1,188 @@
+"""Visual payload of a packed row (Qwen-VL pixel patches and grids) and patch normalisation.
+
+A row may carry its pixels as ``uint8`` patches (4x smaller to buffer, pin and copy than
+float32); they are normalised to float32 on the training device with
+:func:`normalize_patches`, which reproduces the Hugging Face Qwen image/video processors
+bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+__all__ = ["MODEL_INPUT_FIELDS", "VisualInputs", "normalize_patches"]
+
+#: Field names handed to the model, in this order, by ``VisualInputs.normalized_for_model``.
+MODEL_INPUT_FIELDS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+)
+_PIXEL_FIELDS = ("pixel_values", "pixel_values_videos")
+
+
+def normalize_patches(
+    patches: torch.Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+    rescale_factor: float,
+    channels: int = 3,
+) -> torch.Tensor:
+    """Rescale and normalise uint8 patches [P, C*T*p*p] to float32 [P, C*T*p*p], on their device.
+
+    Same arithmetic as the Hugging Face fast (torchvision) image processors, which fuse
+    rescale + normalise as ``(x - mean/rescale_factor) / (std/rescale_factor)`` per channel,
+    in float32. A patchified row is laid out [C, T, p, p], so column j belongs to channel
+    ``j // (D // C)``.
+
+    Example: one patch of D=6 (C=3, 2 values per channel), mean=(0.5,)*3, std=(0.5,)*3,
+    rescale_factor=1/255: ``[[0, 255, 0, 255, 0, 255]] -> [[-1., 1., -1., 1., -1., 1.]]``.
+    """
+    if patches.dim() != 2:
+        raise ValueError(
+            f"patches has shape {tuple(patches.shape)}: patches must be 2-D [P, C*T*p*p]; "
+            "fix: pass patchified pixels as produced by the Qwen processor"
+        )
+    if len(mean) != channels or len(std) != channels:
+        raise ValueError(
+            f"mean={tuple(mean)}, std={tuple(std)}: both need one value per channel (channels={channels}); "
+            "fix: pass the processor's image_mean and image_std"
+        )
+    width = patches.shape[1]
+    if width % channels != 0:
+        raise ValueError(
+            f"patch width {width} is not divisible by channels={channels}: the layout must be [C, T, p, p]; "
+            "fix: pass channels matching the patchified payload"
+        )
+    per_channel = width // channels
+    scale = 1.0 / rescale_factor
+    mean_cols = (torch.tensor(mean, dtype=torch.float32, device=patches.device) * scale).repeat_interleave(per_channel)
+    std_cols = (torch.tensor(std, dtype=torch.float32, device=patches.device) * scale).repeat_interleave(per_channel)
+    return (patches.to(torch.float32) - mean_cols) / std_cols
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisualInputs:
+    """Qwen-VL visual payload of one packed row; every field is None when absent.
+
+    pixel_values: [P_img, C*T*p*p] float32 (model-ready) or uint8 (needs normalisation);
+    image_grid_thw: int64 [n_img, 3]; pixel_values_videos: [P_vid, C*T*p*p] float32 or uint8;
+    video_grid_thw: int64 [n_vid, 3]; second_per_grid_ts: float32 [n_vid] (seconds per temporal
+    grid step, Qwen2.5-VL). image_mean / image_std (per-channel, one value per channel) and
+    rescale_factor (e.g. 1/255) describe a uint8 payload and are None for float payloads.
+    Images and videos share one set of constants (true for the released Qwen-VL processors).
+
+    Megatron-Bridge's ``vlm_step`` moves every ``__dict__`` value with ``.cuda()``, which a
+    uint8 payload's tuple/float constants do not support: pass uint8 rows through
+    ``energon_pack.to_device_batch``, which returns a float32 payload with the constants None.
+    """
+
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
+    pixel_values_videos: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
+    second_per_grid_ts: torch.Tensor | None = None
+    image_mean: tuple[float, ...] | None = None
+    image_std: tuple[float, ...] | None = None
+    rescale_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+            if (getattr(self, pixels) is None) != (getattr(self, grid) is None):
+                raise ValueError(
+                    f"{pixels} and {grid} must be given together (got {pixels} "
+                    f"{'None' if getattr(self, pixels) is None else 'set'}, {grid} "
+                    f"{'None' if getattr(self, grid) is None else 'set'}); fix: pass both or neither"
+                )
+        if self.second_per_grid_ts is not None and self.video_grid_thw is None:
+            raise ValueError(
+                "second_per_grid_ts is set but there is no video: it has one entry per video; "
+                "fix: leave second_per_grid_ts None for rows without videos"
+            )
+        constants = (self.image_mean, self.image_std, self.rescale_factor)
+        if any(c is None for c in constants) and any(c is not None for c in constants):
+            raise ValueError(
+                f"image_mean={self.image_mean}, image_std={self.image_std}, rescale_factor={self.rescale_factor}: "
+                "the normalisation constants go together; fix: set all three (uint8 payload) or none (float payload)"
+            )
+        if self.is_uint8 and self.rescale_factor is None:
+            raise ValueError(
+                "uint8 pixel payload without normalisation constants; "
+                "fix: pass image_mean, image_std and rescale_factor from the processor"
+            )
+        if self.image_mean is not None:
+            object.__setattr__(self, "image_mean", tuple(float(v) for v in self.image_mean))
+            object.__setattr__(self, "image_std", tuple(float(v) for v in self.image_std))
+            object.__setattr__(self, "rescale_factor", float(self.rescale_factor))
+
+    @property
+    def is_uint8(self) -> bool:
+        """True when any pixel field holds uint8 patches that still need normalisation."""
+        pixels = (getattr(self, name) for name in _PIXEL_FIELDS)
+        return any(t is not None and t.dtype == torch.uint8 for t in pixels)
+
+    def normalized_for_model(self) -> dict[str, torch.Tensor]:
+        """Model forward kwargs: the non-None fields of MODEL_INPUT_FIELDS, pixels as float32.
+
+        uint8 pixels are normalised with :func:`normalize_patches` on the device they live on,
+        so call this after ``to(device)``. Example: a text-only row -> ``{}``.
+        """
+        out: dict[str, torch.Tensor] = {}
+        for name in MODEL_INPUT_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if name in _PIXEL_FIELDS and value.dtype == torch.uint8:
+                value = normalize_patches(
+                    value, self.image_mean, self.image_std, self.rescale_factor, channels=len(self.image_mean)
+                )
+            out[name] = value
+        return out
+
+    def pin_memory(self) -> VisualInputs:
+        """Copy with every tensor in page-locked host memory (needs an accelerator)."""
+        return self._map_tensors(lambda t: t.pin_memory())
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> VisualInputs:
+        """Copy with every tensor on ``device`` (dtypes unchanged)."""
+        return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
+
+    @classmethod
+    def concat(cls, parts: Sequence[VisualInputs]) -> VisualInputs:
+        """Concatenate payloads in row order (patches and grids along dim 0).
+
+        A field is None when it is None in every part. Parts must agree on pixel dtypes and on
+        the normalisation constants (text-only parts carry none and match anything).
+        Example: concat([1 image of 4 patches, text only, 1 image of 8 patches]) -> 12 patches, grid [2, 3].
+        """
+        tensors: dict[str, torch.Tensor | None] = {}
+        for name in MODEL_INPUT_FIELDS:
+            present = [getattr(p, name) for p in parts if getattr(p, name) is not None]
+            dtypes = sorted({str(t.dtype) for t in present})
+            if len(dtypes) > 1:
+                raise ValueError(
+                    f"{name} mixes dtypes {dtypes} across samples of one row; "
+                    "fix: produce every sample's pixels with the same payload dtype"
+                )
+            tensors[name] = torch.cat(present, dim=0) if present else None
+        constants = {(p.image_mean, p.image_std, p.rescale_factor) for p in parts if p.rescale_factor is not None}
+        if len(constants) > 1:
+            raise ValueError(
+                f"samples of one row carry different normalisation constants {sorted(constants)}; "
+                "fix: pack samples produced by one processor only"
+            )
+        mean, std, rescale = constants.pop() if constants else (None, None, None)
+        return cls(**tensors, image_mean=mean, image_std=std, rescale_factor=rescale)
+
+    def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> VisualInputs:
+        changes = {
+            f.name: fn(getattr(self, f.name))
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **changes)

@@ -1,0 +1,36 @@
+"""Shared fixtures: offline processors (built once per session) and small synthetic datasets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def processor():
+    from energon_pack.qwen.processor import load_processor
+
+    return load_processor()
+
+
+@pytest.fixture(scope="session")
+def processor_qwen3():
+    from energon_pack.qwen.processor import load_processor
+
+    return load_processor(family="qwen3-vl")
+
+
+@pytest.fixture(scope="session")
+def synthetic_dataset(tmp_path_factory):
+    """A prepared synthetic dataset of 40 mixed samples (images, videos, multi-turn text)."""
+    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+
+    root = tmp_path_factory.mktemp("synthetic")
+    spec = SyntheticSpec(max_image_side=640, max_video_seconds=3.0, max_video_side=128)
+    report = make_synthetic_dataset(root, 40, seed=1, spec=spec, samples_per_shard=16)
+    return report

@@ -1,0 +1,234 @@
+"""Tests for the pure bin selection (energon_pack.packing.algorithms)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from energon_pack.packing.algorithms import (
+    PackItem,
+    _best_subset,
+    first_fit_decreasing,
+    select_bins,
+)
+from energon_pack.packing.simulate import PackingRound, iter_rounds
+
+
+def _lengths(bins: list[list[PackItem]]) -> list[list[int]]:
+    return [[it.length for it in b] for b in bins]
+
+
+def _indices(bins: list[list[PackItem]]) -> list[list[int]]:
+    return [[it.index for it in b] for b in bins]
+
+
+# ---------------------------------------------------------------- FFD baseline
+
+
+def test_ffd_golden() -> None:
+    # Longest first: 7 -> bin0 (room 3), 6 -> bin1 (room 4), 5 -> bin2 (room 5),
+    # 4 -> bin1 (room 0), 3 -> bin0 (room 0), 2 -> bin2 (room 3).
+    assert first_fit_decreasing([5, 7, 3, 2, 4, 6], capacity=10) == [[1, 2], [5, 4], [0, 3]]
+
+
+def test_ffd_equal_lengths_keep_position_order_and_respect_max_segments() -> None:
+    assert first_fit_decreasing([1, 1, 1, 1, 1], capacity=10, max_segments=2) == [[0, 1], [2, 3], [4]]
+    assert first_fit_decreasing([5, 7, 3], capacity=10, max_segments=1) == [[1], [0], [2]]
+
+
+def test_ffd_rejects_overlong_naming_the_sample() -> None:
+    with pytest.raises(ValueError, match=r"sample 1 has aligned length 11 > capacity 10"):
+        first_fit_decreasing([3, 11], capacity=10)
+
+
+# ---------------------------------------------------------------- select_bins golden cases
+
+
+def test_select_bins_docstring_example() -> None:
+    items = [PackItem(0, 6, 0), PackItem(1, 4, 0), PackItem(2, 3, 0)]
+    result = select_bins(items, capacity=10, round_index=0, min_fill=0.9, max_wait_rounds=2)
+    assert _indices(result.emitted) == [[0, 1]]
+    assert _indices(result.pending) == [[2]]
+
+
+def test_select_bins_holds_back_underfilled_bins_until_forced() -> None:
+    # Round 0: nothing is forced; 7 cannot be completed (room 3), so the best
+    # bin is 5+5 (exact); 7 and 4 do not fit together and stay pending.
+    items = [PackItem(0, 7, 0), PackItem(1, 5, 0), PackItem(2, 5, 0), PackItem(3, 4, 0)]
+    result = select_bins(items, capacity=10, round_index=0, min_fill=0.9, max_wait_rounds=1)
+    assert _indices(result.emitted) == [[1, 2]]
+    assert _indices(result.pending) == [[0], [3]]
+
+    # Round 1: sample 0 (arrived in round 0) is forced and leaves alone at
+    # fill 0.7; the new 5+5 fill exactly; the new 4 stays pending.
+    items = [PackItem(0, 7, 0), PackItem(1, 5, 1), PackItem(2, 5, 1), PackItem(3, 4, 1)]
+    result = select_bins(items, capacity=10, round_index=1, min_fill=0.9, max_wait_rounds=1)
+    assert _indices(result.emitted) == [[0], [1, 2]]
+    assert _indices(result.pending) == [[3]]
+
+
+def test_select_bins_prefers_exact_fill_over_first_fit() -> None:
+    # FFD would pair 6+3 (fill 0.9) and 5+4 (0.9); the exact search finds 6+4 and 5+3+2.
+    items = [PackItem(i, n, 0) for i, n in enumerate([6, 5, 4, 3, 2])]
+    result = select_bins(items, capacity=10, round_index=0, min_fill=1.0, max_wait_rounds=3)
+    assert sorted(_lengths(result.emitted)) == [[5, 3, 2], [6, 4]]
+    assert result.pending == []
+
+
+def test_select_bins_max_segments_golden() -> None:
+    items = [PackItem(i, 1, 0) for i in range(6)]
+    result = select_bins(
+        items, capacity=10, round_index=0, min_fill=0.5, max_wait_rounds=3, max_segments=2, flush=True
+    )
+    assert _indices(result.emitted) == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_select_bins_flush_emits_everything() -> None:
+    items = [PackItem(i, n, 0) for i, n in enumerate([3, 3, 3, 9])]
+    result = select_bins(
+        items, capacity=10, round_index=0, min_fill=1.0, max_wait_rounds=5, flush=True
+    )
+    assert result.pending == []
+    assert sorted(it.index for b in result.emitted for it in b) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"capacity": 0}, r"capacity=0 must be >= 1"),
+        ({"min_fill": 0.0}, r"min_fill=0.0 must be in \(0, 1\]"),
+        ({"min_fill": 1.5}, r"min_fill=1.5 must be in \(0, 1\]"),
+        ({"max_wait_rounds": -1}, r"max_wait_rounds=-1 must be >= 0"),
+        ({"max_segments": 0}, r"max_segments=0 must be >= 1 or None"),
+    ],
+)
+def test_select_bins_rejects_bad_arguments(kwargs: dict, message: str) -> None:
+    args = {"capacity": 10, "round_index": 0, "min_fill": 0.9, "max_wait_rounds": 2} | kwargs
+    with pytest.raises(ValueError, match=message):
+        select_bins([PackItem(0, 1, 0)], **args)
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        ([PackItem(7, 11, 0)], r"sample 7 has aligned length 11 > capacity 10.*filter overlong"),
+        ([PackItem(7, 0, 0)], r"sample 7 has length 0"),
+        ([PackItem(1, 2, 0), PackItem(1, 3, 0)], r"sample index 1 appears twice"),
+        ([PackItem(4, 2, 3)], r"sample 4 has arrival_round 3 > round_index 0"),
+    ],
+)
+def test_select_bins_rejects_bad_candidates(items: list[PackItem], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        select_bins(items, capacity=10, round_index=0, min_fill=0.9, max_wait_rounds=2)
+
+
+# ---------------------------------------------------------------- subset search vs brute force
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=0, max_size=9),
+    room=st.integers(0, 60),
+    max_count=st.one_of(st.none(), st.integers(0, 5)),
+)
+def test_best_subset_is_optimal(lengths: list[int], room: int, max_count: int | None) -> None:
+    items = [PackItem(i, n, 0) for i, n in enumerate(lengths)]
+    chosen = _best_subset(items, room, max_count)
+    limit = len(items) if max_count is None else max_count
+    best = max(
+        sum(c)
+        for k in range(min(limit, len(lengths)) + 1)
+        for c in itertools.combinations(lengths, k)
+        if sum(c) <= room
+    )
+    assert len({it.index for it in chosen}) == len(chosen)
+    assert set(chosen) <= set(items)
+    assert sum(it.length for it in chosen) == best
+    assert len(chosen) <= limit
+
+
+# ---------------------------------------------------------------- multi-round properties
+
+stream_params = st.fixed_dictionaries(
+    {
+        "lengths": st.lists(st.integers(1, 40), min_size=0, max_size=60),
+        "capacity": st.integers(40, 64),
+        "buffer_size": st.integers(1, 9),
+        "min_fill": st.sampled_from([0.5, 0.8, 0.9, 0.97, 1.0]),
+        "max_wait_rounds": st.integers(0, 4),
+        "max_segments": st.one_of(st.none(), st.integers(1, 5)),
+    }
+)
+
+
+def _run(params: dict) -> list[PackingRound]:
+    lengths = params["lengths"]
+    kwargs = {k: v for k, v in params.items() if k != "lengths"}
+    return list(iter_rounds(lengths, **kwargs))
+
+
+@settings(max_examples=150, deadline=None)
+@given(params=stream_params)
+def test_stream_invariants(params: dict) -> None:
+    capacity = params["capacity"]
+    max_wait = params["max_wait_rounds"]
+    max_segments = params["max_segments"]
+    rounds = _run(params)
+    emitted_indices: list[int] = []
+    for rnd in rounds:
+        groups = rnd.result.emitted + rnd.result.pending
+        # Each round partitions its candidates.
+        assert sorted(it.index for g in groups for it in g) == sorted(it.index for it in rnd.candidates)
+        assert {it for g in groups for it in g} == set(rnd.candidates)
+        for group in groups:
+            assert group, "empty bin"
+            assert sum(it.length for it in group) <= capacity
+            assert max_segments is None or len(group) <= max_segments
+            assert [it.index for it in group] == sorted(it.index for it in group)
+        for it in (it for g in rnd.result.pending for it in g):
+            assert rnd.index - it.arrival_round < max_wait, "a forced sample was held back"
+        for group in rnd.result.emitted:
+            waits = [rnd.index - it.arrival_round for it in group]
+            assert max(waits) <= max_wait
+            full = sum(it.length for it in group) >= params["min_fill"] * capacity
+            assert full or rnd.flush or max(waits) >= max_wait, "under-filled bin emitted early"
+            emitted_indices.extend(it.index for it in group)
+        if max_wait == 0 or rnd.flush:
+            assert rnd.result.pending == []
+    # Every input sample ends in exactly one emitted bin.
+    assert sorted(emitted_indices) == list(range(len(params["lengths"])))
+    assert [r.flush for r in rounds[:-1]] == [False] * (len(rounds) - 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=stream_params, seed=st.integers(0, 2**16))
+def test_select_bins_is_deterministic_and_order_independent(params: dict, seed: int) -> None:
+    first = _run(params)
+    assert first == _run(params)
+    rng = random.Random(seed)
+    for rnd in first:
+        shuffled = list(rnd.candidates)
+        rng.shuffle(shuffled)
+        again = select_bins(
+            shuffled,
+            capacity=params["capacity"],
+            round_index=rnd.index,
+            min_fill=params["min_fill"],
+            max_wait_rounds=params["max_wait_rounds"],
+            max_segments=params["max_segments"],
+            flush=rnd.flush,
+        )
+        assert again == rnd.result
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=stream_params)
+def test_max_wait_zero_emits_everything_every_round(params: dict) -> None:
+    rounds = _run(params | {"max_wait_rounds": 0})
+    for rnd in rounds:
+        assert rnd.result.pending == []
+        assert all(it.arrival_round == rnd.index for it in rnd.candidates)

@@ -1,0 +1,130 @@
+"""Tests for the packing simulator (energon_pack.packing.simulate)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from energon_pack.packing.simulate import (
+    align,
+    format_table,
+    iter_rounds,
+    plot_fill,
+    reference_length_mix,
+    simulate_ffd_per_buffer,
+    simulate_stream,
+    simulation_table,
+)
+
+# Recommended PackingConfig defaults (see the simulation table in the report).
+MIN_FILL = 0.99
+MAX_WAIT_ROUNDS = 4
+
+
+@pytest.fixture(scope="module")
+def mix() -> list[int]:
+    return reference_length_mix(8000, seed=0)
+
+
+def test_reference_mix_is_deterministic_and_plausible(mix: list[int]) -> None:
+    assert mix == reference_length_mix(8000, seed=0)
+    assert mix[:100] != reference_length_mix(100, seed=1)
+    assert all(30 <= n <= 30 * 1300 for n in mix)
+    mean = sum(mix) / len(mix)
+    assert 1300 < mean < 1650
+    share_long = sum(n >= 6000 for n in mix) / len(mix)
+    assert 0.03 < share_long < 0.08
+
+
+def test_reference_mix_matches_megatron_bridge_ffd_figures(mix: list[int]) -> None:
+    # FFD per buffer at W=8192 on realistic VLM data: ~73 % / 84 % / 91 % for buffers 8 / 16 / 32.
+    fills = [simulate_ffd_per_buffer(mix, seq_length=8192, buffer_size=b).fill for b in (8, 16, 32)]
+    for fill, expected in zip(fills, (0.73, 0.84, 0.91)):
+        assert abs(fill - expected) < 0.025, fills
+
+
+def test_pending_groups_beat_ffd_on_reference_mix(mix: list[int]) -> None:
+    ours = simulate_stream(
+        mix, seq_length=8192, buffer_size=16, min_fill=MIN_FILL, max_wait_rounds=MAX_WAIT_ROUNDS
+    )
+    ffd = simulate_ffd_per_buffer(mix, seq_length=8192, buffer_size=16)
+    assert ours.fill >= 0.985
+    assert ffd.fill < ours.fill - 0.1
+    assert ours.rows < ffd.rows
+    assert ours.samples == ffd.samples == len(mix) - ours.skipped
+    assert ours.max_wait_rounds <= MAX_WAIT_ROUNDS
+
+
+def test_simulate_stream_hand_case() -> None:
+    # 12 > W is skipped; round 0 packs 5+5 exactly.
+    result = simulate_stream([5, 5, 12], seq_length=10, buffer_size=2, min_fill=1.0, max_wait_rounds=1)
+    assert (result.samples, result.skipped, result.rows, result.fill) == (2, 1, 1, 1.0)
+    assert result.rows_per_1000_samples == 500.0
+    assert (result.mean_wait_rounds, result.max_wait_rounds) == (0.0, 0)
+
+
+def test_simulate_stream_counts_waits_and_unaligned_tokens() -> None:
+    # W=8, pad 4: 3 -> 4 slots, 7 -> 8 slots.  Buffer 1, min_fill 1.0, wait 2:
+    # round 0: [#0 (4)] pending; round 1: #0 + #1 (4) = 8 -> emitted, #0 waited 1;
+    # round 2: [#2 (8)] emitted.  Fill counts real tokens: (3 + 3 + 7) / (2 * 8).
+    result = simulate_stream(
+        [3, 3, 7], seq_length=8, buffer_size=1, pad_multiple=4, min_fill=1.0, max_wait_rounds=2
+    )
+    assert (result.rows, result.fill) == (2, 13 / 16)
+    assert (result.mean_wait_rounds, result.max_wait_rounds) == (1 / 3, 1)
+
+
+def test_iter_rounds_flushes_leftovers_after_full_buffers() -> None:
+    rounds = list(iter_rounds([6, 4, 3], capacity=10, buffer_size=2, min_fill=0.9, max_wait_rounds=3))
+    assert [(r.index, r.flush) for r in rounds] == [(0, False), (1, True)]
+    assert [[it.index for it in b] for b in rounds[0].result.emitted] == [[0, 1]]
+    assert [[it.index for it in b] for b in rounds[1].result.emitted] == [[2]]
+    assert list(iter_rounds([], capacity=10, buffer_size=2, min_fill=0.9, max_wait_rounds=3)) == []
+
+
+def test_ffd_per_buffer_hand_case() -> None:
+    # Buffers [6, 6] -> 2 rows, [4, 4] -> 1 row.
+    result = simulate_ffd_per_buffer([6, 6, 4, 4], seq_length=10, buffer_size=2)
+    assert (result.rows, result.fill, result.max_wait_rounds) == (3, 20 / 30, 0)
+
+
+def test_align_and_bad_pad_multiple() -> None:
+    assert [align(n, 4) for n in (1, 4, 5, 8)] == [4, 4, 8, 8]
+    with pytest.raises(ValueError, match=r"seq_length=10 must be a positive multiple of pad_multiple=4"):
+        simulate_ffd_per_buffer([1], seq_length=10, buffer_size=1, pad_multiple=4)
+
+
+def test_simulation_table_and_format(mix: list[int]) -> None:
+    rows = simulation_table(
+        mix[:2000],
+        widths=[4096, 8192],
+        buffer_sizes=[8, 16],
+        min_fill=MIN_FILL,
+        max_wait_rounds=MAX_WAIT_ROUNDS,
+    )
+    assert [(r["W"], r["buffer"]) for r in rows] == [(4096, 8), (4096, 16), (8192, 8), (8192, 16)]
+    for row in rows:
+        assert row["ratio"] == pytest.approx(row["fill"] / row["ffd_fill"])
+        assert row["fill"] > row["ffd_fill"]
+    text = format_table(rows)
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(rows)
+    header = lines[0].split()
+    for title in ("fill", "FFD", "ratio", "rows/1k", "wait"):
+        assert title in header
+    assert f"{rows[2]['fill']:.2%}" in lines[3] and f"{rows[2]['ffd_fill']:.2%}" in lines[3]
+
+
+def test_plot_fill_writes_png(tmp_path, mix: list[int]) -> None:
+    pytest.importorskip("matplotlib")
+    rows = simulation_table(mix[:500], widths=[8192], buffer_sizes=[8, 16], min_fill=0.99, max_wait_rounds=4)
+    path = tmp_path / "fill.png"
+    plot_fill(rows, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_fill_without_matplotlib_names_the_extra(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match=r"plot extra"):
+        plot_fill([], tmp_path / "x.png")

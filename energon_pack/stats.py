@@ -100,11 +100,16 @@ def peak_rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def worker_telemetry(buffered_bytes: Iterable[int]) -> dict[str, int]:
-    """Measurements (not state) attached to a row: peak RSS and what the buffers hold.
+def worker_telemetry(buffered_bytes: Iterable[int], *, pending_samples: int) -> dict[str, int]:
+    """Measurements attached to a row (not part of the saved state): peak RSS and buffer contents.
 
-    Example: buffers holding samples of 100 and 300 bytes ->
-    ``{"peak_rss_bytes": ..., "buffered_samples": 2, "buffered_bytes": 400}``.
+    Example: buffers holding samples of 100 and 300 bytes, one of them pending ->
+    ``{"peak_rss_bytes": ..., "buffered_samples": 2, "buffered_bytes": 400, "pending_samples": 1}``.
     """
     sizes = list(buffered_bytes)
-    return {"peak_rss_bytes": peak_rss_bytes(), "buffered_samples": len(sizes), "buffered_bytes": sum(sizes)}
+    return {
+        "peak_rss_bytes": peak_rss_bytes(),
+        "buffered_samples": len(sizes),
+        "buffered_bytes": sum(sizes),
+        "pending_samples": pending_samples,
+    }

@@ -226,7 +226,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                 row = self.pack(encoded)
             real_tokens = sum(e.segment.length for e in encoded)
             self._stats.count_row(real_tokens, self.seq_length, len(encoded))
-            row.stats = {**self._stats.snapshot(), **worker_telemetry(self._buffered_nbytes())}
+            row.stats = {
+                **self._stats.snapshot(),
+                **worker_telemetry(self._buffered_nbytes(), pending_samples=len(self._pending_items)),
+            }
             yield set_sample_restore_key(row, pack_index, *member_keys, src=self)
 
     def _buffered_nbytes(self) -> Iterator[int]:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from energon_pack.qwen.media import BadMediaError
 
 Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl"]
-FAMILIES: tuple[str, ...] = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
+FAMILIES: tuple[str, ...] = get_args(Family)
 
 MAX_ASPECT_RATIO = 200
 """HF smart_resize rejects images/frames whose long/short side ratio exceeds this."""

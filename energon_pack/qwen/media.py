@@ -15,13 +15,14 @@ from io import BytesIO
 import av
 from PIL import Image
 
+from energon_pack.errors import BadSampleError
 
-class BadMediaError(ValueError):
-    """A sample's media cannot be used; ``reason`` is the skip-count key (e.g. ``"corrupt_image"``)."""
 
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
+class BadMediaError(BadSampleError):
+    """A sample's media cannot be used; ``reason`` is the skip-count key (e.g. ``"corrupt_image"``).
+
+    A `BadSampleError`, so preencode turns it into a skip marker instead of crashing the worker.
+    """
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +102,7 @@ def probe_video(data: bytes) -> VideoInfo:
         stream = container.streams.video[0]
         if stream.codec_context is None:
             raise BadMediaError(
-                "unsupported_codec", f"no decoder for the first video stream (codec tag {stream.codec_tag!r})"
+                "unsupported_codec", f"this FFmpeg build has no decoder for video stream #{stream.index}"
             )
         codec = stream.codec_context.name
         width, height = stream.codec_context.width, stream.codec_context.height

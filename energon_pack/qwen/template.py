@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from energon_pack.errors import BadSampleError
+
 IGNORE_INDEX = -100
 
 
@@ -58,10 +60,23 @@ def expand_media_placeholders(
 ) -> str:
     """Replace each image/video pad token by the processor's replacement for its grid.
 
+    Raises ``BadSampleError("placeholder_mismatch")`` when the pad tokens in ``text`` and the
+    grids differ in number (a sample whose media list does not match its media parts).
     Example (Qwen2.5-VL): one ``<|image_pad|>`` with grid (1, 4, 6) -> 6 ``<|image_pad|>``.
     """
     import torch
 
+    for kind, token, grids in (
+        ("image", processor.image_token, image_grid_thw),
+        ("video", processor.video_token, video_grid_thw),
+    ):
+        placeholders, media = text.count(token), 0 if grids is None else len(grids)
+        if placeholders != media:
+            raise BadSampleError(
+                "placeholder_mismatch",
+                f"the rendered conversation has {placeholders} {kind} placeholder(s) but the sample has "
+                f"{media} {kind}(s); put one {{'type': '{kind}'}} part per {kind}",
+            )
     image_replacements: list[str] = []
     video_replacements: list[str] = []
     if image_grid_thw is not None and len(image_grid_thw):
@@ -79,37 +94,44 @@ def expand_media_placeholders(
 
 @dataclass(frozen=True)
 class ChatMarkers:
-    """Token ids that delimit assistant turns in a ChatML rendering."""
+    """Strings that delimit assistant turns in a ChatML rendering."""
 
-    assistant_header: tuple[int, ...]
-    end_of_turn: int
+    assistant_header: str = "<|im_start|>assistant\n"
+    end_of_turn: str = "<|im_end|>"
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatMarkers:
-        """``<|im_start|>assistant\\n`` and ``<|im_end|>`` ids of a Qwen tokenizer."""
-        header = tuple(tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))
-        return cls(assistant_header=header, end_of_turn=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        """ChatML markers of a Qwen tokenizer, which must know ``<|im_end|>`` as one token."""
+        markers = cls()
+        if tokenizer.convert_tokens_to_ids(markers.end_of_turn) in (None, tokenizer.unk_token_id):
+            raise ValueError(
+                f"tokenizer {type(tokenizer).__name__} has no {markers.end_of_turn!r} token: assistant turns "
+                "cannot be found; use the tokenizer of a Qwen-VL processor (ChatML template)"
+            )
+        return markers
 
 
-def assistant_target_mask(input_ids: np.ndarray, markers: ChatMarkers) -> np.ndarray:
-    """Bool [L]: True on each assistant message's content tokens and its closing ``<|im_end|>``.
+def assistant_target_mask(text: str, offsets: np.ndarray, markers: ChatMarkers) -> np.ndarray:
+    """Bool [L]: True on tokens of each assistant message's content and its closing ``<|im_end|>``.
 
-    Example: ids ``[S, A, N, x, y, E, N]`` with header ``(S, A, N)`` and end ``E``
-    -> ``[F, F, F, T, T, T, F]`` (the header and the newline after ``E`` are never targets).
+    ``offsets`` int [L, 2] are the tokens' character spans in ``text`` (a fast tokenizer's
+    ``offset_mapping``). A token is a target when its span overlaps a content span (content start
+    up to the end of the closing marker), so a token that merges the header's newline with
+    content that starts with a newline (``"\n\n"``) is a target too.
+
+    Example: text ``"<|im_start|>assistant\nHi<|im_end|>\n"`` tokenized as
+    ``<|im_start|>``, ``assistant``, ``\n``, ``Hi``, ``<|im_end|>``, ``\n`` -> ``[F, F, F, T, T, F]``.
     """
-    ids = np.asarray(input_ids)
-    mask = np.zeros(len(ids), dtype=bool)
-    header = np.asarray(markers.assistant_header)
-    width = len(header)
-    if len(ids) < width:
-        return mask
-    windows = np.lib.stride_tricks.sliding_window_view(ids, width)
-    ends = np.flatnonzero(ids == markers.end_of_turn)
-    for start in np.flatnonzero((windows == header).all(axis=1)):
-        content_start = start + width
-        later_ends = ends[ends >= content_start]
-        stop = later_ends[0] + 1 if len(later_ends) else len(ids)
-        mask[content_start:stop] = True
+    spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    mask = np.zeros(len(spans), dtype=bool)
+    header, end = markers.assistant_header, markers.end_of_turn
+    position = text.find(header)
+    while position >= 0:
+        content_start = position + len(header)
+        close = text.find(end, content_start)
+        stop = close + len(end) if close >= 0 else len(text)
+        mask |= (spans[:, 0] < stop) & (spans[:, 1] > content_start)
+        position = text.find(header, stop)
     return mask
 
 
@@ -145,6 +167,8 @@ def tokenize_conversation(
         videos=videos,
     )
     tokenizer = processor.tokenizer
-    input_ids = np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)
-    labels, loss_mask = shifted_targets(input_ids, assistant_target_mask(input_ids, markers or ChatMarkers.from_tokenizer(tokenizer)))
+    encoded = tokenizer(text, return_offsets_mapping=True)
+    input_ids = np.asarray(encoded["input_ids"], dtype=np.int64)
+    targets = assistant_target_mask(text, encoded["offset_mapping"], markers or ChatMarkers.from_tokenizer(tokenizer))
+    labels, loss_mask = shifted_targets(input_ids, targets)
     return TokenizedConversation(input_ids=input_ids, labels=labels, loss_mask=loss_mask)

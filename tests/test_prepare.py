@@ -1,0 +1,135 @@
+"""``energon-pack prepare``: per-record problems reported by line, byte-exact media, Energon loading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+
+from energon_pack.cli import main as cli_main
+from energon_pack.prepare import PrepareError, prepare_dataset
+from energon_pack.samples import QwenVLChatSample
+from energon_pack.synthetic import encode_image, encode_video
+
+
+def _chat(media: str = "") -> list[dict]:
+    return [{"role": "user", "content": f"{media}Describe."}, {"role": "assistant", "content": "Fine."}]
+
+
+@pytest.fixture()
+def raw(tmp_path: Path) -> Path:
+    media = tmp_path / "media"
+    (media / "sub").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    (media / "a.jpg").write_bytes(encode_image(rng.integers(0, 255, (40, 60, 3), dtype=np.uint8), "JPEG", "RGB"))
+    (media / "sub" / "b.png").write_bytes(encode_image(rng.integers(0, 255, (50, 30, 3), dtype=np.uint8), "PNG", "P"))
+    (media / "c.webp").write_bytes(encode_image(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8), "WEBP", "RGBA"))
+    (media / "v.mp4").write_bytes(encode_video(rng.integers(0, 255, (12, 32, 48, 3), dtype=np.uint8), fps=6))
+    (tmp_path / "secret.jpg").write_bytes((media / "a.jpg").read_bytes())
+    lines = [
+        json.dumps({"id": "good1", "messages": _chat("<image>"), "images": ["a.jpg"]}),
+        '{"id": "broken", "messages": [',  # line 2: bad JSON
+        json.dumps({"id": "missing", "messages": _chat("<image>"), "images": ["nope.jpg"]}),  # line 3
+        json.dumps({"id": "escape", "messages": _chat("<image>"), "images": ["../secret.jpg"]}),  # line 4
+        json.dumps({"conversations": [{"from": "human", "value": "<image><image>Two?"}, {"from": "gpt", "value": "Yes."}],
+                    "images": ["sub/b.png", "c.webp"]}),  # line 5: no id -> key "5"
+        "",
+        json.dumps({"id": "vid", "messages": _chat("<video>"), "videos": ["v.mp4"]}),  # line 7
+        json.dumps({"id": "text", "messages": _chat()}),  # line 8
+    ]
+    (tmp_path / "records.jsonl").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def _load_all(path: Path, num_workers: int) -> dict[str, QwenVLChatSample]:
+    dataset = get_train_dataset(
+        path,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=num_workers),
+        batch_size=None,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        repeat=False,
+    )
+    samples = {}
+    for sample in get_loader(dataset):
+        assert isinstance(sample, QwenVLChatSample)
+        assert sample.__key__ not in samples
+        samples[sample.__key__] = sample
+    return samples
+
+
+def test_problems_are_reported_by_line_and_skipped(raw: Path):
+    report = prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False)
+    problems = {p.line: p.reason.split(":")[0] for p in report.problems}
+    assert problems == {2: "bad_json", 3: "missing_media", 4: "path_escape"}
+    assert report.written == 4 and report.images == 3 and report.videos == 1
+    assert (raw / "out" / ".nv-meta" / "dataset.yaml").read_text() == (
+        "__module__: energon_pack\n__class__: QwenVLChatWebdataset\n"
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataset_loads_with_energon_and_media_bytes_are_exact(raw: Path, num_workers: int):
+    prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False, samples_per_shard=2)
+    samples = _load_all(raw / "out", num_workers)
+    assert sorted(samples) == ["5", "good1", "text", "vid"]
+    media = raw / "media"
+    assert samples["good1"].images == [(media / "a.jpg").read_bytes()]
+    assert samples["5"].images == [(media / "sub" / "b.png").read_bytes(), (media / "c.webp").read_bytes()]
+    assert samples["vid"].videos == [(media / "v.mp4").read_bytes()] and samples["vid"].images == []
+    assert samples["text"].images == [] and samples["text"].videos == []
+    assert samples["5"].conversation[0]["content"][:2] == [{"type": "image"}, {"type": "image"}]
+    assert all(s.invalid_reason is None for s in samples.values())
+
+
+def test_on_error_fail_stops_with_the_line(raw: Path):
+    with pytest.raises(PrepareError, match="line 2"):
+        prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", on_error="fail", progress=False)
+
+
+def test_cli_prepare_reports_and_exit_codes(raw: Path, capsys):
+    args = ["prepare", str(raw / "records.jsonl"), "--media-root", str(raw / "media"), "--out", str(raw / "out")]
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert "wrote 4 samples" in out and "line 2" in out and "line 3" in out and "line 4" in out
+    assert cli_main([*args, "--on-error", "fail"]) == 1
+
+
+def test_duplicate_and_invalid_ids_and_placeholder_mismatch(tmp_path: Path):
+    lines = [
+        json.dumps({"id": "x", "messages": _chat()}),
+        json.dumps({"id": "x", "messages": _chat()}),
+        json.dumps({"id": "a.b", "messages": _chat()}),
+        json.dumps({"id": "m", "messages": _chat("<image>")}),
+    ]
+    (tmp_path / "r.jsonl").write_text("\n".join(lines))
+    report = prepare_dataset(tmp_path / "r.jsonl", tmp_path, tmp_path / "out", progress=False)
+    assert {p.line: p.reason.split(":")[0] for p in report.problems} == {
+        2: "duplicate_id", 3: "bad_id", 4: "placeholder_mismatch"
+    }
+    assert report.written == 1
+
+
+def test_unreadable_media_header_is_reported(tmp_path: Path):
+    (tmp_path / "bad.jpg").write_bytes(b"not an image at all")
+    (tmp_path / "r.jsonl").write_text(
+        json.dumps({"id": "ok", "messages": _chat()}) + "\n"
+        + json.dumps({"id": "bad", "messages": _chat("<image>"), "images": ["bad.jpg"]}) + "\n"
+    )
+    report = prepare_dataset(tmp_path / "r.jsonl", tmp_path, tmp_path / "out", progress=False)
+    assert [(p.line, p.reason.split(":")[0]) for p in report.problems] == [(2, "unreadable_media")]
+
+
+def test_json_list_input_and_split_ratio(tmp_path: Path):
+    records = [{"id": f"s{i}", "messages": _chat()} for i in range(6)]
+    (tmp_path / "r.json").write_text(json.dumps(records))
+    report = prepare_dataset(tmp_path / "r.json", tmp_path, tmp_path / "out", progress=False, samples_per_shard=2,
+                             split_ratio="2,1,0")
+    assert report.written == 6 and len(report.shards) == 3
+    split = (tmp_path / "out" / ".nv-meta" / "split.yaml").read_text()
+    assert "train" in split and "val" in split
+    with pytest.raises(ValueError, match="split ratio"):
+        prepare_dataset(tmp_path / "r.json", tmp_path, tmp_path / "out", split_ratio="0,0,0", progress=False)

@@ -27,6 +27,8 @@ class PackingLoaderState:
 
     energon_state: Any
     fingerprint: dict[str, Any]
+    #: Latest statistics snapshot per worker at the save point (so ``stats()`` stays complete).
+    worker_stats: dict[int, dict[str, Any]]
 
 
 def processor_fingerprint(processor: Any) -> dict[str, Any]:
@@ -81,7 +83,11 @@ class PackingDataLoader(SavableDataLoader):
         return report
 
     def save_state_rank(self) -> PackingLoaderState:
-        return PackingLoaderState(energon_state=super().save_state_rank(), fingerprint=dict(self.fingerprint))
+        return PackingLoaderState(
+            energon_state=super().save_state_rank(),
+            fingerprint=dict(self.fingerprint),
+            worker_stats={worker: dict(snapshot) for worker, snapshot in self._worker_stats.items()},
+        )
 
     def restore_state_rank(self, state: PackingLoaderState | None) -> None:
         if state is None:
@@ -93,6 +99,7 @@ class PackingDataLoader(SavableDataLoader):
             )
         check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
         super().restore_state_rank(state.energon_state)
+        self._worker_stats = {worker: dict(snapshot) for worker, snapshot in state.worker_stats.items()}
 
 
 def _distributed_rank_info(
@@ -146,16 +153,24 @@ def get_packing_loader(
         seed_offset=config.seed,
     )
     if split == "train":
-        dataset = get_train_dataset(
-            path,
-            split_part=split,
-            worker_config=worker_config,
-            batch_size=1,
-            shuffle_buffer_size=config.shuffle_buffer_size,
-            max_samples_per_sequence=config.max_samples_per_sequence,
-            task_encoder=task_encoder,
-            repeat=config.repeat,
-        )
+        try:
+            dataset = get_train_dataset(
+                path,
+                split_part=split,
+                worker_config=worker_config,
+                batch_size=1,
+                shuffle_buffer_size=config.shuffle_buffer_size,
+                max_samples_per_sequence=config.max_samples_per_sequence,
+                task_encoder=task_encoder,
+                repeat=config.repeat,
+            )
+        except AssertionError as err:
+            if "blend" not in str(err):
+                raise
+            raise ValueError(
+                f"{path}: a weighted metadataset blend cannot be read as one finite epoch (repeat=False); "
+                "fix: set repeat=True, or use blend_epochized with repetitions in the metadataset"
+            ) from err
     else:
         dataset = get_val_dataset(path, split_part=split, worker_config=worker_config, batch_size=1, task_encoder=task_encoder)
     fingerprint = resume_fingerprint(

@@ -16,30 +16,11 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
-def dataset_lengths(dataset: Path, *, processor=None, limit: int | None = None) -> list[int]:
-    """Exact token lengths of a prepared dataset's samples (bad samples left out), via preencode."""
-    from megatron.energon import WorkerConfig, get_train_dataset
-    from tqdm import tqdm
+def dataset_lengths(dataset: Path) -> list[int]:
+    """Exact token lengths of a prepared dataset's good samples, via preencode (no pixels)."""
+    from energon_pack.inspect_dataset import iter_prepared
 
-    from energon_pack.task_encoder import QwenVLPackingTaskEncoder
-
-    encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 20), processor)
-    samples = get_train_dataset(
-        dataset,
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
-        batch_size=None,
-        shuffle_buffer_size=None,
-        max_samples_per_sequence=None,
-        repeat=False,
-    )
-    lengths = []
-    for index, sample in enumerate(tqdm(samples, desc="preencode", unit="sample")):
-        if limit is not None and index >= limit:
-            break
-        prepared = encoder.preencode_sample(sample)
-        if prepared.skip_reason is None:
-            lengths.append(prepared.num_tokens)
-    return lengths
+    return [prepared.num_tokens for _, prepared in iter_prepared(dataset) if prepared.skip_reason is None]
 
 
 def run_simulate(args: argparse.Namespace) -> int:

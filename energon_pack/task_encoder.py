@@ -165,6 +165,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             loss_mask=sample.loss_mask,
             mrope_position_ids=mrope,
             visual=visual,
+            subflavors=sample.__subflavors__,
         )
         return EncodedSample.derive_from(sample, segment=segment)
 

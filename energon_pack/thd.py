@@ -46,6 +46,8 @@ class PackedSegment:
     loss_mask: torch.Tensor
     mrope_position_ids: torch.Tensor
     visual: VisualInputs
+    #: Energon subflavors of the source dataset (e.g. from a metadataset blend), or None.
+    subflavors: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 1 or self.input_ids.numel() == 0:
@@ -163,6 +165,7 @@ def build_thd_row(
         "total_tokens": width,
         "visual_inputs": VisualInputs.concat([seg.visual for seg in segments]),
         "__keys__": [seg.key for seg in segments],
+        "__subflavors__": [seg.subflavors for seg in segments],
     }
 
 

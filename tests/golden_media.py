@@ -80,19 +80,24 @@ def _image_size(rng: np.random.Generator, factor: int) -> tuple[int, int]:
     return (long_side, short_side) if rng.random() < 0.5 else (short_side, long_side)
 
 
-def make_image(rng: np.random.Generator, factor: int) -> bytes:
-    """One encoded image of a random size, format and mode (see ``_image_size``)."""
-    height, width = _image_size(rng, factor)
-    image_format, mode = IMAGE_KINDS[int(rng.integers(len(IMAGE_KINDS)))]
+def make_image(
+    rng: np.random.Generator, factor: int, *, size: tuple[int, int] | None = None, kind: tuple[str, str] | None = None
+) -> bytes:
+    """One encoded image; ``size`` (height, width) and ``kind`` (format, mode) are drawn when None."""
+    height, width = size or _image_size(rng, factor)
+    image_format, mode = kind or IMAGE_KINDS[int(rng.integers(len(IMAGE_KINDS)))]
     return encode_image(_pixels(rng, height, width), image_format, mode)
 
 
-def make_video(rng: np.random.Generator) -> bytes:
-    """One H.264 MP4 of 1-20 s at 10-60 fps with small even frame sides (32..96 px)."""
-    rate = VIDEO_RATES[int(rng.integers(len(VIDEO_RATES)))]
-    seconds = float(np.exp(rng.uniform(0, np.log(20))))
-    num_frames = max(2, round(seconds * float(rate)))
-    height, width = (2 * int(rng.integers(16, 49)) for _ in range(2))
+def make_video(
+    rng: np.random.Generator, *, num_frames: int | None = None, rate: Fraction | None = None,
+    size: tuple[int, int] | None = None,
+) -> bytes:
+    """One H.264 MP4 (frames/s ``rate``, ``size`` (height, width) even); 1-20 s at 10-60 fps, 32..96 px when drawn."""
+    rate = rate or VIDEO_RATES[int(rng.integers(len(VIDEO_RATES)))]
+    if num_frames is None:
+        num_frames = max(2, round(float(np.exp(rng.uniform(0, np.log(20)))) * float(rate)))
+    height, width = size or tuple(2 * int(rng.integers(16, 49)) for _ in range(2))
     first = _pixels(rng, height, width).astype(np.int16)
     steps = np.arange(num_frames, dtype=np.int16)[:, None, None, None] * 2
     frames = ((first[None] + steps) % 256).astype(np.uint8)
@@ -124,7 +129,9 @@ def _conversation(rng: np.random.Generator, num_images: int, num_videos: int) ->
     for index in range(rounds):
         here = [kind for kind, where in zip(kinds, media_round) if where == index]
         messages.append({"role": "user", "content": _user_content(rng, here.count("image"), here.count("video"))})
-        messages.append({"role": "assistant", "content": [{"type": "text", "text": _text(rng, 1, 60)}]})
+        # A leading newline merges with the header's newline into one token ("\n\n").
+        lead = str(rng.choice(["", "", "", "", " ", "\n", "\n\n"]))
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": lead + _text(rng, 1, 60)}]})
     return messages
 
 
@@ -139,15 +146,45 @@ def golden_sample(rng: np.random.Generator, *, family: str) -> GoldenSample:
     return GoldenSample(_conversation(rng, num_images, num_videos), images, videos)
 
 
+#: (height, width, format, mode) of the corner-case images every mix starts with.
+CORNER_IMAGES: tuple[tuple[int, int, str, str], ...] = (
+    (28, 28, "PNG", "P"),
+    (3000, 4000, "JPEG", "RGB"),
+    (4000, 3000, "WEBP", "RGBA"),
+    (28, 4000, "PNG", "L"),
+    (4000, 28, "JPEG", "L"),
+)
+#: (frames, frames/s, height, width) of the corner-case videos: 1 s at 10 fps, 20 s at 60 fps, 29.97 fps.
+CORNER_VIDEOS: tuple[tuple[int, Fraction, int, int], ...] = (
+    (10, Fraction(10), 32, 32),
+    (1200, Fraction(60), 96, 64),
+    (150, Fraction(30000, 1001), 48, 96),
+)
+
+
+def corner_samples(seed: int) -> list[GoldenSample]:
+    """Two samples with the extreme sizes and rates (``CORNER_IMAGES``, ``CORNER_VIDEOS``)."""
+    rng = np.random.default_rng([seed, 0])  # indices 0 and 1 are never drawn at random
+    images = [make_image(rng, 28, size=(h, w), kind=(fmt, mode)) for h, w, fmt, mode in CORNER_IMAGES]
+    videos = [make_video(rng, num_frames=t, rate=r, size=(h, w)) for t, r, h, w in CORNER_VIDEOS]
+    return [
+        GoldenSample(_conversation(rng, len(images), 0), images, []),
+        GoldenSample(_conversation(rng, 0, len(videos)), [], videos),
+    ]
+
+
 def golden_samples(n: int, seed: int, *, family: str) -> list[GoldenSample]:
-    """``n`` deterministic samples; sample i depends only on (seed, i), so prefixes are stable.
+    """``n`` deterministic samples: the two ``corner_samples``, then random ones (sample i depends
+    only on (seed, i), so prefixes are stable).
 
     ``family`` ("qwen2-vl", "qwen2.5-vl" or "qwen3-vl") picks the resize factor whose multiples
     the boundary-case image sizes sit on.
     """
     if family not in FAMILY_FACTORS:
         raise ValueError(f"family={family!r} is unknown; use one of {tuple(FAMILY_FACTORS)}")
-    return [golden_sample(np.random.default_rng([seed, index]), family=family) for index in range(n)]
+    corners = corner_samples(seed)[:n]
+    rest = [golden_sample(np.random.default_rng([seed, index]), family=family) for index in range(len(corners), n)]
+    return corners + rest
 
 
 def chat_sample(golden: GoldenSample, key: str) -> QwenVLChatSample:

@@ -63,7 +63,8 @@ def runs(tmp_path_factory) -> dict[str, Any]:
     result: dict[str, Any] = {"keys": keys}
     for phase in ("full", "resume"):
         _torchrun(report.out_dir, out, phase)
-        result[phase] = [json.loads((out / f"{phase}_rank{r}.json").read_text(encoding="utf-8")) for r in range(WORLD_SIZE)]
+        paths = [out / f"{phase}_rank{rank}.json" for rank in range(WORLD_SIZE)]
+        result[phase] = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
     return result
 
 

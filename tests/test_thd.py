@@ -86,7 +86,7 @@ def test_dtypes_and_shapes():
     for key, (dtype, shape) in expected.items():
         assert row[key].dtype == dtype, key
         assert tuple(row[key].shape) == shape, key
-    assert set(row) == {*expected, "attention_mask", "total_tokens", "visual_inputs", "__keys__"}
+    assert set(row) == {*expected, "attention_mask", "total_tokens", "visual_inputs", "__keys__", "__subflavors__"}
     assert isinstance(row["total_tokens"], int)
     assert isinstance(row["visual_inputs"], VisualInputs)
 

@@ -94,7 +94,7 @@ def probe_video(data: bytes) -> VideoInfo:
     """
     try:
         container = av.open(BytesIO(data), mode="r")
-    except (av.FFmpegError, OSError) as error:
+    except (av.FFmpegError, OSError, UnicodeDecodeError) as error:  # garbage metadata is not UTF-8
         raise BadMediaError("corrupt_video", f"container unreadable ({error})") from error
     with container:
         if not container.streams.video:

@@ -205,14 +205,16 @@ def _offline_processor(family: str) -> Any:
 def _apply_pixel_limits(
     processor: Any, *, min_pixels: int | None, max_pixels: int | None, max_frames: int | None
 ) -> None:
-    """Set pixel and frame limits on the processor object itself, so every stage agrees."""
+    """Set pixel and frame limits on the processor object itself, so every stage agrees.
+
+    Limits live in ``size`` (``shortest_edge`` = min pixels, ``longest_edge`` = max pixels),
+    where the Hugging Face Qwen-VL image and video processors read them.
+    """
     for sub in (processor.image_processor, processor.video_processor):
         size = dict(sub.size)
         if min_pixels is not None:
-            sub.min_pixels = min_pixels
             size["shortest_edge"] = min_pixels
         if max_pixels is not None:
-            sub.max_pixels = max_pixels
             size["longest_edge"] = max_pixels
         sub.size = size
     if max_frames is not None:

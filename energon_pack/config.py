@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
+from energon_pack.packing.algorithms import aligned_length
+
 __all__ = [
     "OVERLONG_POLICIES",
     "PIXEL_DTYPES",
@@ -79,7 +81,7 @@ def _next_multiple(value: int, multiple: int) -> int:
 
     Example: ``_next_multiple(8190, 4)`` -> ``8192``; ``_next_multiple(0, 4)`` -> ``4``.
     """
-    return max(multiple, -(-value // multiple) * multiple)
+    return max(multiple, aligned_length(value, multiple))
 
 
 def _micro_batch_problem(name: str, value: Any) -> str | None:

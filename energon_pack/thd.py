@@ -14,20 +14,13 @@ from typing import Any
 
 import torch
 
+from energon_pack.packing.algorithms import aligned_length
 from energon_pack.visual import VisualInputs
 
 __all__ = ["IGNORE_INDEX", "PackedSegment", "aligned_length", "build_thd_row", "collate_rows"]
 
 #: Label value that the loss ignores (gaps, segment ends, non-assistant tokens).
 IGNORE_INDEX = -100
-
-
-def aligned_length(length: int, multiple: int) -> int:
-    """Physical slots a segment of ``length`` tokens occupies: ceil(length / multiple) * multiple.
-
-    Example: aligned_length(5, 4) -> 8; aligned_length(8, 4) -> 8.
-    """
-    return -(-length // multiple) * multiple
 
 
 @dataclass(frozen=True, kw_only=True)

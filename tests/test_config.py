@@ -186,7 +186,14 @@ def test_seq_length_valid_iff_divisible(topology: ParallelTopology, seq_length: 
 # --------------------------------------------------------------------------- YAML / dict round-trip
 
 
-CONFIG_FILES = sorted(CONFIG_DIR.glob("*.yaml"))
+ENERGON_CONFIG_FILES = {"blend_metadataset.yaml"}  # Energon metadatasets: loaded in test_metadataset.py
+CONFIG_FILES = sorted(path for path in CONFIG_DIR.glob("*.yaml") if path.name not in ENERGON_CONFIG_FILES)
+
+
+def test_every_yaml_is_a_packing_config_or_a_known_energon_config() -> None:
+    for path in CONFIG_DIR.glob("*.yaml"):
+        is_energon = "__class__" in yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert is_energon == (path.name in ENERGON_CONFIG_FILES), path.name
 
 
 def test_shipped_configs_exist() -> None:

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from energon_pack.packing.algorithms import aligned_length
 from energon_pack.packing.simulate import (
-    align,
     format_table,
     iter_rounds,
     plot_fill,
@@ -90,7 +90,7 @@ def test_ffd_per_buffer_hand_case() -> None:
 
 
 def test_align_and_bad_pad_multiple() -> None:
-    assert [align(n, 4) for n in (1, 4, 5, 8)] == [4, 4, 8, 8]
+    assert [aligned_length(n, 4) for n in (1, 4, 5, 8)] == [4, 4, 8, 8]
     with pytest.raises(ValueError, match=r"seq_length=10 must be a positive multiple of pad_multiple=4"):
         simulate_ffd_per_buffer([1], seq_length=10, buffer_size=1, pad_multiple=4)
 

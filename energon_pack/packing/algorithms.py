@@ -24,7 +24,15 @@ import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["PackItem", "RoundResult", "first_fit_decreasing", "select_bins"]
+__all__ = ["PackItem", "RoundResult", "aligned_length", "first_fit_decreasing", "select_bins"]
+
+
+def aligned_length(length: int, multiple: int) -> int:
+    """Physical slots a sample of ``length`` tokens occupies: ceil(length / multiple) * multiple.
+
+    Example: aligned_length(5, 4) -> 8; aligned_length(8, 4) -> 8.
+    """
+    return -(-length // multiple) * multiple
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from energon_pack.packing.algorithms import PackItem, RoundResult, first_fit_decreasing, select_bins
+from energon_pack.packing.algorithms import PackItem, RoundResult, aligned_length, first_fit_decreasing, select_bins
 
 __all__ = [
     "PackingRound",
@@ -88,11 +88,6 @@ class SimulationResult:
     max_wait_rounds: int
 
 
-def align(length: int, pad_multiple: int) -> int:
-    """Slots a sample occupies: ``ceil(length / pad_multiple) * pad_multiple``; ``align(5, 4) -> 8``."""
-    return -(-length // pad_multiple) * pad_multiple
-
-
 @dataclass(frozen=True, kw_only=True)
 class PackingRound:
     """One round of :func:`iter_rounds`: its index, candidates, flush flag and result."""
@@ -164,7 +159,7 @@ def simulate_stream(
 ) -> SimulationResult:
     """Pack ``lengths`` (tokens per sample) with pending groups; overlong samples are skipped."""
     kept, skipped = _split_overlong(lengths, seq_length, pad_multiple)
-    aligned = [align(n, pad_multiple) for n in kept]
+    aligned = [aligned_length(n, pad_multiple) for n in kept]
     rows = 0
     waits: list[int] = []
     for packing_round in iter_rounds(
@@ -191,7 +186,7 @@ def simulate_ffd_per_buffer(
 ) -> SimulationResult:
     """Baseline: first-fit-decreasing on each buffer, every bin emitted, nothing carried."""
     kept, skipped = _split_overlong(lengths, seq_length, pad_multiple)
-    aligned = [align(n, pad_multiple) for n in kept]
+    aligned = [aligned_length(n, pad_multiple) for n in kept]
     rows = sum(
         len(first_fit_decreasing(aligned[start : start + buffer_size], seq_length, max_segments))
         for start in range(0, len(aligned), buffer_size)
@@ -312,7 +307,7 @@ def _split_overlong(
         raise ValueError(
             f"seq_length={seq_length} must be a positive multiple of pad_multiple={pad_multiple}."
         )
-    kept = [n for n in lengths if align(n, pad_multiple) <= seq_length]
+    kept = [n for n in lengths if aligned_length(n, pad_multiple) <= seq_length]
     return kept, len(lengths) - len(kept)
 
 

@@ -34,9 +34,8 @@ from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError
-from energon_pack.packing.algorithms import PackItem, select_bins
+from energon_pack.packing.algorithms import PackItem, aligned_length, select_bins
 from energon_pack.stats import PackingStats, worker_telemetry
-from energon_pack.thd import aligned_length
 
 logger = logging.getLogger(__name__)
 

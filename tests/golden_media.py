@@ -13,6 +13,7 @@ prompts and several rounds. Big images are rare so that Hugging Face processing 
 
 from __future__ import annotations
 
+import functools
 import io
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -111,10 +112,10 @@ def _user_content(rng: np.random.Generator, num_images: int, num_videos: int) ->
     parts: list[dict[str, str]] = []
     for kind in media:
         if rng.random() < 0.4:
-            parts.append({"type": "text", "text": _text(rng, 1, 6) + rng.choice(["\n", " ", ""])})
+            parts.append({"type": "text", "text": _text(rng, 1, 6) + str(rng.choice(["\n", " ", ""]))})
         parts.append({"type": kind})
     if not parts or rng.random() < 0.9:
-        parts.append({"type": "text", "text": rng.choice(["\n", " ", ""]) + _text(rng, 2, 30)})
+        parts.append({"type": "text", "text": str(rng.choice(["\n", " ", ""])) + _text(rng, 2, 30)})
     return parts
 
 
@@ -162,14 +163,22 @@ CORNER_VIDEOS: tuple[tuple[int, Fraction, int, int], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=1)
+def corner_media() -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """The encoded ``CORNER_IMAGES`` and ``CORNER_VIDEOS`` (made once per process: big images are slow to encode)."""
+    rng = np.random.default_rng(0)
+    images = tuple(make_image(rng, 28, size=(h, w), kind=(fmt, mode)) for h, w, fmt, mode in CORNER_IMAGES)
+    videos = tuple(make_video(rng, num_frames=t, rate=r, size=(h, w)) for t, r, h, w in CORNER_VIDEOS)
+    return images, videos
+
+
 def corner_samples(seed: int) -> list[GoldenSample]:
-    """Two samples with the extreme sizes and rates (``CORNER_IMAGES``, ``CORNER_VIDEOS``)."""
+    """Two samples with the extreme sizes and rates (``CORNER_IMAGES``; ``CORNER_VIDEOS``)."""
     rng = np.random.default_rng([seed, 0])  # indices 0 and 1 are never drawn at random
-    images = [make_image(rng, 28, size=(h, w), kind=(fmt, mode)) for h, w, fmt, mode in CORNER_IMAGES]
-    videos = [make_video(rng, num_frames=t, rate=r, size=(h, w)) for t, r, h, w in CORNER_VIDEOS]
+    images, videos = corner_media()
     return [
-        GoldenSample(_conversation(rng, len(images), 0), images, []),
-        GoldenSample(_conversation(rng, 0, len(videos)), [], videos),
+        GoldenSample(_conversation(rng, len(images), 0), list(images), []),
+        GoldenSample(_conversation(rng, 0, len(videos)), [], list(videos)),
     ]
 
 

@@ -41,11 +41,16 @@ QWEN25_TOKENS_PER_SECOND = 2
 
 
 def default_rope_spec(processor: Any) -> RopeSpec:
-    """Rope constants for a processor: its family, merge size and pad token ids.
+    """Rope constants for a processor: from the model config ``load_processor(path)`` found next
+    to it, else from the processor (family, merge size, pad token ids; Qwen2.5-VL
+    ``tokens_per_second`` = 2 as in the released checkpoints).
 
     Example: ``default_rope_spec(load_processor())`` -> ``RopeSpec(family="qwen2.5-vl",
     tokens_per_second=2, ...)``.
     """
+    model_config = getattr(processor, "energon_pack_model_config", None)
+    if model_config is not None:
+        return RopeSpec.from_model_config(model_config)
     family = processor_family(processor)
     return RopeSpec(
         family=family,

@@ -101,3 +101,16 @@ def test_load_processor_from_a_saved_directory(processor, tmp_path):
     assert processor_family(reloaded) == "qwen2.5-vl"
     assert reloaded.tokenizer.encode("Hello world!") == [9707, 1879, 0]
     assert reloaded.tokenizer.convert_tokens_to_ids("<|video_pad|>") == 151656
+
+
+def test_rope_constants_come_from_the_model_config_next_to_the_processor(processor, tmp_path):
+    from transformers import Qwen2_5_VLConfig
+
+    from energon_pack.task_encoder import default_rope_spec
+
+    assert default_rope_spec(processor).tokens_per_second == 2
+    processor.save_pretrained(tmp_path)
+    assert load_processor(tmp_path).energon_pack_model_config is None
+    Qwen2_5_VLConfig(vision_config={"tokens_per_second": 4}).save_pretrained(tmp_path)
+    spec = default_rope_spec(load_processor(tmp_path))
+    assert spec.family == "qwen2.5-vl" and spec.tokens_per_second == 4

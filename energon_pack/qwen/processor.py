@@ -221,6 +221,16 @@ def _apply_pixel_limits(
         processor.video_processor.max_frames = max_frames
 
 
+def _model_config_or_none(path: str | os.PathLike[str]) -> Any:
+    """The model config next to a processor (for rope constants), or None when there is none."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(os.fspath(path))
+    except (OSError, ValueError):
+        return None
+
+
 def load_processor(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -233,8 +243,10 @@ def load_processor(
 
     ``path`` None builds the offline default of ``family`` (default ``"qwen2.5-vl"``);
     otherwise ``AutoProcessor.from_pretrained(path)`` (a local directory, or a hub id whose
-    files are in the local cache when ``HF_HUB_OFFLINE=1``). Pixel limits (pixels per image
-    or per video frame) and the frame cap are set on the returned object.
+    files are in the local cache when ``HF_HUB_OFFLINE=1``); the model config found there, if
+    any, is kept as ``processor.energon_pack_model_config`` so rope constants such as
+    ``tokens_per_second`` come from it. Pixel limits (pixels per image or per video frame) and
+    the frame cap are set on the returned object.
 
     Example: ``load_processor().tokenizer.convert_tokens_to_ids("<|image_pad|>")`` -> 151655.
     """
@@ -252,6 +264,7 @@ def load_processor(
         from transformers import AutoProcessor
 
         processor = AutoProcessor.from_pretrained(os.fspath(path))
+        processor.energon_pack_model_config = _model_config_or_none(path)
     _apply_pixel_limits(processor, min_pixels=min_pixels, max_pixels=max_pixels, max_frames=max_frames)
     return processor
 

@@ -78,6 +78,8 @@ def run_demo(*, out_dir: Path | None, num_samples: int, seq_length: int, num_wor
         {"metric": "samples packed", "value": stats["samples_packed"]},
         {"metric": "samples read", "value": stats["samples_in"]},
         {"metric": "fill (real tokens / row slots)", "value": f"{stats['fill']:.4f}"},
+        {"metric": "fill before the end-of-epoch flush", "value": f"{stats['fill_before_flush']:.4f}"},
+        {"metric": "rows from the end-of-epoch flush", "value": stats["flush_rows"]},
         {"metric": "samples/s (whole loader)", "value": f"{stats['samples_packed'] / elapsed:.1f}"},
         {"metric": "worker peak RSS (MiB)", "value": f"{stats['worker_peak_rss_bytes'] / 2**20:.0f}"},
         {"metric": "skipped (total)", "value": stats["skipped_total"]},

@@ -28,6 +28,9 @@ class PackingStats(Savable):
     real_tokens: int = 0
     row_slots: int = 0
     rounds: int = 0
+    #: Rows (and their real tokens) emitted by the end-of-stream flush of a finite epoch.
+    flush_rows: int = 0
+    flush_real_tokens: int = 0
     max_wait_rounds_seen: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     fill_histogram: list[int] = field(default_factory=lambda: [0] * FILL_BINS)
@@ -36,8 +39,11 @@ class PackingStats(Savable):
         """Count one skipped sample under ``reason`` (a short snake_case key)."""
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
-    def count_row(self, real_tokens: int, width: int, num_samples: int) -> None:
+    def count_row(self, real_tokens: int, width: int, num_samples: int, *, flush: bool = False) -> None:
         """Count one emitted row of ``width`` slots holding ``real_tokens`` tokens of ``num_samples`` samples."""
+        if flush:
+            self.flush_rows += 1
+            self.flush_real_tokens += real_tokens
         self.rows += 1
         self.samples_packed += num_samples
         self.real_tokens += real_tokens
@@ -69,7 +75,7 @@ def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     Example: two workers with rows 3 and 4 -> ``{"rows": 7, ...}``.
     """
     total: dict[str, Any] = {"workers": 0, "skipped": Counter(), "fill_histogram": [0] * FILL_BINS}
-    summed = ("samples_in", "samples_packed", "rows", "real_tokens", "row_slots", "rounds")
+    summed = ("samples_in", "samples_packed", "rows", "real_tokens", "row_slots", "rounds", "flush_rows", "flush_real_tokens")
     for name in summed:
         total[name] = 0
     total["max_wait_rounds_seen"] = 0
@@ -83,6 +89,10 @@ def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     total["skipped"] = dict(sorted(total["skipped"].items()))
     total["skipped_total"] = sum(total["skipped"].values())
     total["fill"] = fill(total["real_tokens"], total["row_slots"])
+    # Fill of the rows selected while the stream was running (the end-of-epoch flush excluded).
+    steady_rows = total["rows"] - total["flush_rows"]
+    width = total["row_slots"] // total["rows"] if total["rows"] else 0
+    total["fill_before_flush"] = fill(total["real_tokens"] - total["flush_real_tokens"], steady_rows * width)
     return total
 
 

@@ -14,16 +14,13 @@ prompts and several rounds. Big images are rare so that Hugging Face processing 
 from __future__ import annotations
 
 import functools
-import io
 from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from energon_pack.bench import hf_processor_outputs
 from energon_pack.conversation import Message
-from energon_pack.qwen.geometry import VisionSpec, sample_frame_indices
-from energon_pack.qwen.media import probe_video
-from energon_pack.qwen.pixels import decode_video_frames
 from energon_pack.samples import QwenVLChatSample
 from energon_pack.synthetic import IMAGE_KINDS, encode_image, encode_video
 
@@ -209,36 +206,9 @@ def chat_sample(golden: GoldenSample, key: str) -> QwenVLChatSample:
     )
 
 
-def open_image(data: bytes) -> Any:
-    """A lazily opened PIL image (the processor converts to RGB itself)."""
-    from PIL import Image
-
-    return Image.open(io.BytesIO(data))
-
-
-def sampled_video(processor: Any, data: bytes) -> tuple[np.ndarray, Any]:
-    """Frames [n, H, W, 3] uint8 (PyAV rgb24) at the sampled indices, and their ``VideoMetadata``."""
-    from transformers.video_utils import VideoMetadata
-
-    info = probe_video(data)
-    indices = sample_frame_indices(info.num_frames, info.fps, VisionSpec.from_processor(processor))
-    frames = decode_video_frames(data, indices, info.num_frames)
-    return frames, VideoMetadata(total_num_frames=info.num_frames, fps=info.fps, frames_indices=indices)
-
-
 def hf_reference(processor: Any, messages: list[Message], images: list[bytes], videos: list[bytes]) -> Any:
-    """The Hugging Face processor output for one chat, called exactly as DESIGN.md section 3 says."""
-    decoded = [sampled_video(processor, data) for data in videos]
-    video_kwargs: dict[str, Any] = {}
-    if decoded:
-        video_kwargs = dict(
-            videos=[frames for frames, _ in decoded],
-            video_metadata=[metadata for _, metadata in decoded],
-            do_sample_frames=False,
-        )
-    return processor(
-        text=[processor.apply_chat_template(messages)],
-        images=[open_image(data) for data in images] or None,
-        return_tensors="pt",
-        **video_kwargs,
-    )
+    """The Hugging Face processor output for one chat, called exactly as DESIGN.md section 3 says:
+    ``processor(text=[processor.apply_chat_template(messages)], images=[PIL images] or None,
+    videos=[PyAV rgb24 frames at the sampled indices], video_metadata=[VideoMetadata(T, fps_in,
+    indices)], do_sample_frames=False, return_tensors="pt")`` (``energon_pack.bench.hf_processor_outputs``)."""
+    return hf_processor_outputs(processor, messages, images, videos)

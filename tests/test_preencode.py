@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import re
 import struct
 import zlib
 from collections import Counter
@@ -56,6 +57,11 @@ def encoder(processor) -> QwenVLPackingTaskEncoder:
 def small_mix() -> list[GoldenSample]:
     """The corner samples plus 22 random ones (Qwen2.5-VL sizes)."""
     return golden_samples(24, seed=7, family="qwen2.5-vl")
+
+
+def text(words: str) -> list[dict]:
+    """Typed content of one text part."""
+    return [{"type": "text", "text": words}]
 
 
 def chat(user_parts: list[dict], answer: str = "An answer.") -> list[dict]:
@@ -173,7 +179,9 @@ def pixel_data_offset(data: bytes) -> int:
     return scan + 2 + length
 
 
-@pytest.mark.parametrize("image_format, mode", [("PNG", "RGB"), ("PNG", "P"), ("PNG", "RGBA"), ("JPEG", "RGB"), ("JPEG", "L")])
+@pytest.mark.parametrize(
+    "image_format, mode", [("PNG", "RGB"), ("PNG", "P"), ("PNG", "RGBA"), ("JPEG", "RGB"), ("JPEG", "L")]
+)
 def test_image_bytes_cut_before_the_pixels_give_the_same_tokens(encoder, image_format, mode):
     rng = np.random.default_rng(3)
     data = make_image(rng, 28, size=(1234, 777), kind=(image_format, mode))
@@ -253,8 +261,8 @@ def test_patched_decoders_do_catch_decoding(small_mix):
 
 def test_loss_targets_of_multi_turn_chats(encoder, processor):
     rng = np.random.default_rng(11)
-    image, video = make_image(rng, 28, size=(100, 150)), make_video(rng, num_frames=20, rate=Fraction(10), size=(32, 48))
-    text = lambda words: [{"type": "text", "text": words}]  # noqa: E731
+    image = make_image(rng, 28, size=(100, 150))
+    video = make_video(rng, num_frames=20, rate=Fraction(10), size=(32, 48))
     conversations = [
         GoldenSample(
             [
@@ -290,7 +298,8 @@ def test_loss_targets_of_multi_turn_chats(encoder, processor):
         assert int(prepared.loss_mask.sum()) == sum(
             stop - first for first, stop, _ in assistant_turns(reference.tolist(), processor.tokenizer)
         )
-    assert [s for *_, s in assistant_turns(reference.tolist(), processor.tokenizer)] == [False, True]
+    last_turns = assistant_turns(reference.tolist(), processor.tokenizer)  # the second conversation
+    assert [straddles for *_, straddles in last_turns] == [False, True]
 
 
 def test_loss_targets_golden_case(encoder, processor):
@@ -385,6 +394,10 @@ def test_stored_placeholder_mismatch_is_skipped_with_its_reason(encoder):
 # --- what a prepared sample holds ------------------------------------------------------------
 
 
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 def tensors_in(value) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -398,7 +411,7 @@ def test_prepared_sample_holds_compressed_media_and_tokens_only(encoder, small_m
         sample = chat_sample(golden, f"s{index}")
         prepared = encoder.preencode_sample(sample)
         media = sum(map(len, golden.images)) + sum(map(len, golden.videos))
-        token_arrays = sum(t.numel() * t.element_size() for t in (prepared.input_ids, prepared.labels, prepared.loss_mask))
+        token_arrays = sum(nbytes(t) for t in (prepared.input_ids, prepared.labels, prepared.loss_mask))
         assert media + token_arrays <= prepared.nbytes() <= 1.2 * (media + token_arrays)
         assert all(a is b for a, b in zip(prepared.images + prepared.videos, sample.images + sample.videos))
         tensors = {f.name: tensors_in(getattr(prepared, f.name)) for f in dataclasses.fields(prepared)}
@@ -407,6 +420,41 @@ def test_prepared_sample_holds_compressed_media_and_tokens_only(encoder, small_m
         for field in dataclasses.fields(prepared):
             value = getattr(prepared, field.name)
             assert not isinstance(value, (np.ndarray, Image.Image)), field.name
-        held = sum(t.numel() * t.element_size() for found in tensors.values() for t in found)
+        held = sum(nbytes(t) for found in tensors.values() for t in found)
         grids = [t for t in (prepared.image_grid_thw, prepared.video_grid_thw) if t is not None]
-        assert held == token_arrays + sum(t.numel() * t.element_size() for t in grids)
+        assert held == token_arrays + sum(map(nbytes, grids))
+
+
+# --- custom pixel limits and the benchmark ---------------------------------------------------
+
+
+def test_preencode_equals_hf_processor_with_custom_limits(small_mix):
+    """Limits set through load_processor reach both preencode and the processor (DESIGN.md section 3)."""
+    from energon_pack.qwen.processor import load_processor
+
+    processor = load_processor(min_pixels=28 * 28 * 16, max_pixels=28 * 28 * 256, max_frames=8)
+    encoder = task_encoder(processor)
+    for index, golden in enumerate(small_mix[:10]):
+        prepared = encoder.preencode_sample(chat_sample(golden, f"s{index}"))
+        reference = hf_reference(processor, *golden)
+        assert torch.equal(prepared.input_ids, reference["input_ids"][0]), index
+        if golden.videos:
+            assert torch.equal(prepared.video_grid_thw, reference["video_grid_thw"])
+            assert int(prepared.video_grid_thw[:, 0].max()) <= 4  # max_frames=8 -> at most 4 temporal patches
+        if golden.images:
+            assert torch.equal(prepared.image_grid_thw, reference["image_grid_thw"])
+            assert int(prepared.image_grid_thw.prod(dim=1).max()) <= 256 * 4  # max_pixels / 14**2 patches
+
+
+def test_bench_preencode_reports_side_by_side(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from energon_pack import bench
+
+    monkeypatch.setattr(bench, "BENCH_SPEC_KWARGS", dict(max_image_side=256, max_video_seconds=2.0, max_video_side=64))
+    monkeypatch.setattr(bench, "BENCHES", {"preencode": bench.bench_preencode})
+    assert bench.run_bench(argparse.Namespace(stage="all", samples=6, out=tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"samples with identical input_ids +6/6 ", out), out
+    assert "samples/s (higher is better)" in out and "MiB held per sample, mean" in out
+    assert "bench --stage postencode: not implemented yet" in out and "bench --stage loader: not implemented yet" in out

@@ -224,7 +224,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             with self._pack_index.ctx() as pack_index:
                 row = self.pack(encoded)
             real_tokens = sum(e.segment.length for e in encoded)
-            self._stats.count_row(real_tokens, self.seq_length, len(encoded))
+            self._stats.count_row(real_tokens, self.seq_length, len(encoded), flush=self._source_exhausted)
             row.stats = {
                 **self._stats.snapshot(),
                 **worker_telemetry(self._buffered_nbytes(), pending_samples=len(self._pending_items)),

@@ -117,10 +117,10 @@ def assistant_target_mask(text: str, offsets: np.ndarray, markers: ChatMarkers) 
     ``offsets`` int [L, 2] are the tokens' character spans in ``text`` (a fast tokenizer's
     ``offset_mapping``). A token is a target when its span overlaps a content span (content start
     up to the end of the closing marker), so a token that merges the header's newline with
-    content that starts with a newline (``"\n\n"``) is a target too.
+    content that starts with a newline (``"\\n\\n"``) is a target too.
 
-    Example: text ``"<|im_start|>assistant\nHi<|im_end|>\n"`` tokenized as
-    ``<|im_start|>``, ``assistant``, ``\n``, ``Hi``, ``<|im_end|>``, ``\n`` -> ``[F, F, F, T, T, F]``.
+    Example: text ``"<|im_start|>assistant\\nHi<|im_end|>\\n"`` tokenized as
+    ``<|im_start|>``, ``assistant``, ``\\n``, ``Hi``, ``<|im_end|>``, ``\\n`` -> ``[F, F, F, T, T, F]``.
     """
     spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     mask = np.zeros(len(spans), dtype=bool)

@@ -149,3 +149,41 @@ def test_second_epoch_of_a_finite_loader_starts_over(dataset, processor):
     first = sorted(key for row in loader for key in row["__keys__"])
     second = sorted(key for row in loader for key in row["__keys__"])
     assert first == second and first
+
+
+@pytest.fixture(scope="module")
+def corrupt_dataset(tmp_path_factory):
+    """40 samples, about a tenth of the images truncated (the header reads, decoding fails)."""
+    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+
+    spec = SyntheticSpec(max_image_side=640, max_video_seconds=3.0, max_video_side=128, corrupt_fraction=0.1)
+    return make_synthetic_dataset(tmp_path_factory.mktemp("corrupt"), 40, seed=3, spec=spec, samples_per_shard=16)
+
+
+@pytest.mark.parametrize("max_wait_rounds", [1, 20])
+def test_decode_failures_are_counted_and_leave_no_holes(corrupt_dataset, processor, max_wait_rounds):
+    """A bin that loses a sample at decode time goes back to pending (within the wait bound)."""
+    config = make_config(0, max_wait_rounds=max_wait_rounds, buffer_size=8)
+    rows, stats = full_run(corrupt_dataset.out_dir, processor, config)
+    keys = [key for row_keys, _ in rows for key in row_keys]
+    assert stats["skipped"].get("corrupt_image", 0) >= 1
+    assert len(keys) == len(set(keys)) and len(keys) + stats["skipped_total"] == corrupt_dataset.written
+    assert stats["max_wait_rounds_seen"] <= max_wait_rounds
+    if max_wait_rounds == 20:  # nothing is due before the end: every row before the flush is full
+        assert stats["fill_before_flush"] >= config.min_fill
+
+
+@pytest.mark.slow
+def test_restore_with_decode_failures(corrupt_dataset, processor):
+    config = make_config(2, buffer_size=8)
+    reference, _ = full_run(corrupt_dataset.out_dir, processor, config, **EAGER)
+    for save_after in (1, len(reference) // 2):
+        loader = get_packing_loader(corrupt_dataset.out_dir, config, processor, **EAGER)
+        iterator = iter(loader)
+        for _ in range(save_after):
+            next(iterator)
+        state = loader.save_state_rank()
+        del iterator, loader
+        resumed = get_packing_loader(corrupt_dataset.out_dir, config, processor, **EAGER)
+        resumed.restore_state_rank(state)
+        assert [row_digest(row) for row in resumed] == reference[save_after:]

@@ -8,6 +8,8 @@
 * Truncated images and cut videos are counted skips (the loader carries on); a header that
   lies about the media size is a ``media_mismatch`` skip, never a row whose token and pixel
   counts disagree.
+* Two known gaps are strict xfails (skips after a worker's last row are not reported; MP4
+  edit lists make a valid video a ``media_mismatch``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from tests.golden_media import GoldenSample, chat_sample, golden_samples, hf_ref
 
 MIX_SIZE = 500
 MIX_SEED = 20251129
-UINT8_SAMPLES = 100  # samples with media whose uint8 payload is checked (per family)
+UINT8_SAMPLES = 40  # samples with media whose uint8 payload is checked (per family)
 SEGMENTS_PER_ROW = 4  # uint8 segments packed into one row for the to_device_batch route
 TOLERANCE = 1e-6
 BIG_IMAGE_PIXELS = 1600 * 1000  # "photo-sized" images of the mix: at least this many pixels
@@ -60,7 +62,7 @@ def _max_abs_diff(ours: torch.Tensor | None, reference: torch.Tensor | None) -> 
     if ours is None:
         return 0.0
     assert ours.shape == reference.shape, f"shape {tuple(ours.shape)} != reference {tuple(reference.shape)}"
-    if ours.numel() == 0:
+    if ours.numel() == 0 or torch.equal(ours, reference):
         return 0.0
     return float((ours.double() - reference.double()).abs().max())
 
@@ -114,36 +116,37 @@ def test_uint8_payload_normalises_to_the_float32_payload(golden_mix):
     float_encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
     uint8_encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH, pixel_dtype="uint8"), processor)
     with_media = [p for p in prepared if p.images or p.videos][:UINT8_SAMPLES]
-    float_segments = [float_encoder.postencode_sample(p).segment for p in with_media]
-    uint8_segments = [uint8_encoder.postencode_sample(p).segment for p in with_media]
     image_processor = processor.image_processor
     constants = (tuple(image_processor.image_mean), tuple(image_processor.image_std), image_processor.rescale_factor)
     worst = {"normalize_patches": 0.0, "normalized_for_model": 0.0, "to_device_batch": 0.0}
     float_bytes = uint8_bytes = 0
-    for full, small in zip(float_segments, uint8_segments):
-        model_inputs = small.visual.normalized_for_model()
-        for name in PIXEL_FIELDS:
-            pixels, reference = getattr(small.visual, name), getattr(full.visual, name)
-            assert (pixels is None) == (reference is None), f"{small.key}: {name} present on one side only"
-            if pixels is None:
-                continue
-            assert pixels.dtype == torch.uint8 and pixels.shape == reference.shape, (small.key, pixels.dtype)
-            float_bytes += reference.nbytes
-            uint8_bytes += pixels.nbytes
-            worst["normalize_patches"] = max(
-                worst["normalize_patches"], _max_abs_diff(normalize_patches(pixels, *constants), reference)
-            )
-            worst["normalized_for_model"] = max(worst["normalized_for_model"], _max_abs_diff(model_inputs[name], reference))
     for start in range(0, len(with_media), SEGMENTS_PER_ROW):
-        row = _thd_row(float_encoder, uint8_segments[start : start + SEGMENTS_PER_ROW])
-        expected = VisualInputs.concat([s.visual for s in float_segments[start : start + SEGMENTS_PER_ROW]])
-        on_device = to_device_batch(row, "cpu")["visual_inputs"]
+        group = with_media[start : start + SEGMENTS_PER_ROW]
+        full_segments = [float_encoder.postencode_sample(p).segment for p in group]
+        small_segments = [uint8_encoder.postencode_sample(p).segment for p in group]
+        for full, small in zip(full_segments, small_segments):
+            model_inputs = small.visual.normalized_for_model()
+            for name in PIXEL_FIELDS:
+                pixels, reference = getattr(small.visual, name), getattr(full.visual, name)
+                assert (pixels is None) == (reference is None), f"{small.key}: {name} present on one side only"
+                if pixels is None:
+                    continue
+                assert pixels.dtype == torch.uint8 and pixels.shape == reference.shape, (small.key, pixels.dtype)
+                float_bytes += reference.nbytes
+                uint8_bytes += pixels.nbytes
+                normalised = normalize_patches(pixels, *constants)
+                worst["normalize_patches"] = max(worst["normalize_patches"], _max_abs_diff(normalised, reference))
+                worst["normalized_for_model"] = max(
+                    worst["normalized_for_model"], _max_abs_diff(model_inputs[name], reference)
+                )
+        on_device = to_device_batch(_thd_row(float_encoder, small_segments), "cpu")["visual_inputs"]
         assert on_device.rescale_factor is None, "to_device_batch must hand the model a float32 payload"
+        expected = VisualInputs.concat([s.visual for s in full_segments])
         for name in PIXEL_FIELDS:
-            worst["to_device_batch"] = max(
-                worst["to_device_batch"], _max_abs_diff(getattr(on_device, name), getattr(expected, name))
-            )
-    print(f"max |normalised uint8 - float32| over {len(with_media)} samples: {worst}; bytes {float_bytes} / {uint8_bytes}")
+            difference = _max_abs_diff(getattr(on_device, name), getattr(expected, name))
+            worst["to_device_batch"] = max(worst["to_device_batch"], difference)
+    print(f"max |normalised uint8 - float32| over {len(with_media)} samples: {worst}")
+    print(f"pixel bytes: float32 {float_bytes}, uint8 {uint8_bytes}")
     assert all(value <= TOLERANCE for value in worst.values()), f"max abs differences {worst} exceed {TOLERANCE}"
     assert uint8_bytes > 0 and float_bytes == 4 * uint8_bytes, (float_bytes, uint8_bytes)
 
@@ -195,7 +198,9 @@ def _packet_end(data: bytes, index: int) -> int:
     return position + size
 
 
-def _write_record(records: list[dict[str, Any]], key: str, *, images: Sequence[str] = (), videos: Sequence[str] = ()) -> None:
+def _write_record(
+    records: list[dict[str, Any]], key: str, *, images: Sequence[str] = (), videos: Sequence[str] = ()
+) -> None:
     media_tags = "".join("<image>" for _ in images) + "".join("<video>" for _ in videos)
     records.append(
         {
@@ -229,7 +234,8 @@ def bad_media_dataset(tmp_path_factory) -> tuple[Path, set[str], dict[str, str]]
             _write_record(records, key, videos=[f"{key}.mp4"])
         else:
             image_format, extension = ("PNG", "png") if index % 2 else ("JPEG", "jpg")
-            (raw / f"{key}.{extension}").write_bytes(encode_image(_pixels(index, 60 + 7 * index, 90), image_format, "RGB"))
+            image = encode_image(_pixels(index, 60 + 7 * index, 90), image_format, "RGB")
+            (raw / f"{key}.{extension}").write_bytes(image)
             _write_record(records, key, images=[f"{key}.{extension}"])
         good.add(key)
     bad: dict[str, str] = {}
@@ -319,8 +325,10 @@ def _lying_image_probe(liar: bytes):
 
 
 def _one_sample(images: Sequence[bytes] = (), videos: Sequence[bytes] = ()) -> Any:
-    content = [{"type": "image"} for _ in images] + [{"type": "video"} for _ in videos] + [{"type": "text", "text": "What?"}]
-    messages = [{"role": "user", "content": content}, {"role": "assistant", "content": [{"type": "text", "text": "That."}]}]
+    content = [{"type": "image"} for _ in images] + [{"type": "video"} for _ in videos]
+    content.append({"type": "text", "text": "What?"})
+    answer = [{"type": "text", "text": "That."}]
+    messages = [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
     return chat_sample(GoldenSample(messages, list(images), list(videos)), "liar")
 
 
@@ -351,10 +359,68 @@ def test_header_that_lies_is_a_media_mismatch(processor, monkeypatch, lie):
 def test_lying_header_never_reaches_a_row(bad_media_dataset, processor, monkeypatch):
     """In the loader the liar is skipped as media_mismatch; every row keeps tokens and pixels consistent."""
     path, good, bad = bad_media_dataset
-    liar_key = sorted(k for k in good if not (int(k[-2:]) % 3 == 2))[0]  # an image sample
-    liar_bytes = next((path.parent / "raw").glob(f"{liar_key}.*")).read_bytes()
+    liar = next(f for f in sorted((path.parent / "raw").glob("good*")) if f.suffix in (".png", ".jpg"))
+    liar_key, liar_bytes = liar.stem, liar.read_bytes()
     monkeypatch.setattr("energon_pack.task_encoder.probe_image", _lying_image_probe(liar_bytes))
     rows, stats = _run_loader(path, processor, num_workers=0)
     assert sorted(_row_keys(rows)) == sorted(good - {liar_key})
     assert stats["skipped"].get("media_mismatch", 0) == list(bad.values()).count("media_mismatch") + 1
     _assert_rows_consistent(rows, processor)
+
+
+# --- known gaps (strict xfail: they flip to failures once fixed, so the marker gets removed) -----------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="wrapper.py _emit_ready: statistics travel only inside rows, so skips counted after a "
+    "worker's last row (here: no row at all) never reach loader.stats()",
+)
+def test_skips_without_a_following_row_are_counted(tmp_path, processor):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    png = encode_image(_pixels(9, 120, 160), "PNG", "RGB")
+    (raw / "cut.png").write_bytes(png[: len(png) // 2])
+    records: list[dict[str, Any]] = []
+    for key in ("cut_a", "cut_b"):
+        _write_record(records, key, images=["cut.png"])
+    (raw / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    prepare_dataset(raw / "records.jsonl", raw, tmp_path / "dataset", progress=False)
+    rows, stats = _run_loader(tmp_path / "dataset", processor, num_workers=0)
+    assert rows == []
+    assert stats["skipped"] == {"corrupt_image": 2}
+
+
+def _trimmed_mp4(path: Path, frames: np.ndarray, fps: int, trimmed: int) -> bytes:
+    """MP4 whose edit list hides the first ``trimmed`` frames (as a stream copy cut with ``ffmpeg -ss`` has).
+
+    The header still counts every frame; decoders drop the hidden ones.
+    """
+    source = encode_video(frames, fps)
+    options = {"use_editlist": "1"}
+    with av.open(io.BytesIO(source)) as reader, av.open(str(path), "w", format="mp4", options=options) as writer:
+        source_stream = reader.streams.video[0]
+        stream = writer.add_stream_from_template(source_stream)
+        shift = trimmed * int(1 / (source_stream.time_base * fps))
+        for packet in reader.demux(source_stream):
+            if packet.dts is None:  # the demuxer's end-of-stream flush packet
+                continue
+            packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, stream
+            writer.mux(packet)
+    return path.read_bytes()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="media.py probe_video takes T from the header (stts count), which includes frames an MP4 edit "
+    "list discards; decoding yields fewer, so a valid trimmed video is skipped as media_mismatch",
+)
+def test_video_with_an_edit_list_is_not_skipped(tmp_path, processor):
+    frames = np.stack([_pixels(11, 48, 64)] * 40)
+    video = _trimmed_mp4(tmp_path / "trimmed.mp4", frames, fps=10, trimmed=3)
+    encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
+    prepared = encoder.preencode_sample(_one_sample(videos=[video]))
+    assert prepared.skip_reason is None
+    visual = encoder.postencode_sample(prepared).segment.visual
+    reference = hf_reference(processor, _one_sample(videos=[video]).conversation, [], [video])
+    assert torch.equal(visual.video_grid_thw, reference["video_grid_thw"])

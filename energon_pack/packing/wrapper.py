@@ -19,7 +19,7 @@ its row is yielded.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
 from megatron.energon.flavors.base_dataset import (
@@ -52,6 +52,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         "_pending_buffer",
         "_pending_items",
         "_ready_buffer",
+        "_ready_items",
         "_ready_sizes",
         "_next_index",
         "_round_index",
@@ -95,6 +96,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         #: (arrival index, arrival round) of each pending sample, parallel to _pending_buffer.
         self._pending_items: list[tuple[int, int]] = []
         self._ready_buffer = SavableSampleBuffer(self.dataset, worker_config=self.worker_config)
+        #: (arrival index, arrival round) of each ready sample, parallel to _ready_buffer.
+        self._ready_items: list[tuple[int, int]] = []
         #: Sizes of the ready bins stored back to back in _ready_buffer.
         self._ready_sizes: list[int] = []
         self._next_index = 0
@@ -203,6 +206,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                 self._pending_items.append((item.index, item.arrival_round))
         for group in result.emitted:
             self._ready_buffer.extend([samples[item.index] for item in group])
+            self._ready_items.extend((item.index, item.arrival_round) for item in group)
             self._ready_sizes.append(len(group))
             waited = max(self._round_index - item.arrival_round for item in group)
             self._stats.max_wait_rounds_seen = max(self._stats.max_wait_rounds_seen, waited)
@@ -215,12 +219,24 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     def _emit_ready(self) -> Iterator[PackedRow]:
         while self._ready_sizes:
             size = self._ready_sizes.pop(0)
-            group = self._ready_buffer.buffer[:size]
-            del self._ready_buffer[:size]
-            member_keys = tuple(get_sample_restore_key(sample) for sample in group)
-            encoded = [e for e in map(self._postencode_or_skip, group) if e is not None]
+            group, items = self._ready_buffer.buffer[:size], self._ready_items[:size]
+            del self._ready_buffer[:size], self._ready_items[:size]
+            encoded, kept = [], []
+            for sample, item in zip(group, items):
+                result = self._postencode_or_skip(sample)
+                if result is not None:
+                    encoded.append(result)
+                    kept.append((sample, item))
             if not encoded:
                 continue
+            if len(kept) < len(group) and self._can_wait(item for _, item in kept):
+                # A sample failed to decode: rather than emit a row with a hole, its bin mates
+                # go back to pending and are packed again next round.
+                for sample, item in kept:
+                    self._pending_buffer.append(sample)
+                    self._pending_items.append(item)
+                continue
+            member_keys = tuple(get_sample_restore_key(sample) for sample, _ in kept)
             with self._pack_index.ctx() as pack_index:
                 row = self.pack(encoded)
             real_tokens = sum(e.segment.length for e in encoded)
@@ -230,6 +246,14 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                 **worker_telemetry(self._buffered_nbytes(), pending_samples=len(self._pending_items)),
             }
             yield set_sample_restore_key(row, pack_index, *member_keys, src=self)
+
+    def _can_wait(self, items: Iterable[tuple[int, int]]) -> bool:
+        """Whether samples of a ready bin may go back to pending without waiting past the bound."""
+        if self._source_exhausted:
+            return False
+        # The bin came from round _round_index - 1; pending, a sample is next a candidate in
+        # round _round_index, where it is forced once it has waited max_wait_rounds.
+        return all(self._round_index - arrival <= self.max_wait_rounds for _, arrival in items)
 
     def _buffered_nbytes(self) -> Iterator[int]:
         for buffer in (self._reading_buffer, self._pending_buffer, self._ready_buffer):

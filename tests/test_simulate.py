@@ -109,11 +109,11 @@ def test_simulation_table_and_format(mix: list[int]) -> None:
         assert row["fill"] > row["ffd_fill"]
     text = format_table(rows)
     lines = text.splitlines()
-    assert len(lines) == 1 + len(rows)
+    assert len(lines) == 2 + len(rows)  # header, rule, one line per row
     header = lines[0].split()
     for title in ("fill", "FFD", "ratio", "rows/1k", "wait"):
         assert title in header
-    assert f"{rows[2]['fill']:.2%}" in lines[3] and f"{rows[2]['ffd_fill']:.2%}" in lines[3]
+    assert f"{rows[2]['fill']:.2%}" in lines[4] and f"{rows[2]['ffd_fill']:.2%}" in lines[4]
 
 
 def test_plot_fill_writes_png(tmp_path, mix: list[int]) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from energon_pack.packing.algorithms import PackItem, RoundResult, aligned_length, first_fit_decreasing, select_bins
+from energon_pack.tables import format_table as format_text_table
 
 __all__ = [
     "PackingRound",
@@ -260,11 +261,9 @@ _COLUMNS = (
 
 
 def format_table(rows: Sequence[dict[str, float | int]]) -> str:
-    """Fixed-width text table of :func:`simulation_table` rows, one line per row plus a header."""
-    cells = [[title for _, title, _ in _COLUMNS]]
-    cells += [[fmt.format(row[key]) for key, _, fmt in _COLUMNS] for row in rows]
-    widths = [max(len(line[c]) for line in cells) for c in range(len(_COLUMNS))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in cells)
+    """Text table of :func:`simulation_table` rows: header, rule, one line per row."""
+    formatted = [{title: fmt.format(row[key]) for key, title, fmt in _COLUMNS} for row in rows]
+    return format_text_table(formatted, [title for _, title, _ in _COLUMNS])
 
 
 def plot_fill(rows: Sequence[dict[str, float | int]], path: str | Path) -> None:

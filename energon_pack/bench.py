@@ -330,8 +330,8 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
 
     Every buffered sample is fully processed (pixel tensors held in the buffer); each buffer
     of ``packing_buffer_size`` samples is packed first-fit-decreasing into rows of ``seq_length``
-    tokens (overlong samples dropped). Each row carries ``__stats__`` with the worker's peak RSS
-    and the bytes of the last full buffer, as the packing loader's rows do.
+    tokens (overlong samples dropped). Each row carries ``__stats__`` with the bytes and sample
+    count of the worker's last full buffer, as the packing loader's rows carry theirs.
     """
 
     decoder = None
@@ -358,10 +358,7 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
         bins = first_fit_decreasing([s.input_ids.numel() for s in fitting], self.seq_length)
         return [[fitting[i] for i in positions] for positions in bins]
 
-    @stateless
     def pack_selected_samples(self, samples: list[ProcessedSample]) -> dict:
-        from energon_pack.stats import peak_rss_bytes
-
         lengths = torch.tensor([0] + [s.input_ids.numel() for s in samples])
         input_ids = torch.full((1, self.seq_length), int(self.processor.tokenizer.pad_token_id), dtype=torch.int64)
         tokens = torch.cat([s.input_ids for s in samples])
@@ -371,11 +368,7 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
             "cu_seqlens_q": torch.cumsum(lengths, 0).to(torch.int32),
             "__keys__": [s.__key__ for s in samples],
             "__restore_key__": (),
-            "__stats__": {
-                "peak_rss_bytes": peak_rss_bytes(),
-                "buffered_bytes": self._buffer_bytes,
-                "buffered_samples": self._buffer_samples,
-            },
+            "__stats__": {"buffered_bytes": self._buffer_bytes, "buffered_samples": self._buffer_samples},
         }
         for name in PROCESSED_FIELDS:
             present = [getattr(s, name) for s in samples if getattr(s, name) is not None]
@@ -415,8 +408,8 @@ def worker_peak_rss(exclude: set[int]) -> int:
     return peak
 
 
-def measure_loader(loader: Any, desc: str) -> dict[str, float]:
-    """Run ``loader`` to its end: samples, rows, real tokens, seconds, worker RSS and buffered bytes.
+def measure_loader(loader: Any, desc: str, *, row_width: int) -> dict[str, float]:
+    """Run ``loader`` to its end: samples/s, rows, fill of ``row_width``-token rows, worker RSS, buffered bytes.
 
     Worker peak RSS is read from ``/proc/<pid>/status`` of the child processes after every row
     (forked workers start at the parent's RSS, so the growth over it is reported too);
@@ -444,7 +437,7 @@ def measure_loader(loader: Any, desc: str) -> dict[str, float]:
     return {
         "samples": samples,
         "rows": rows,
-        "fill": real_tokens / (rows * LOADER_ROW_WIDTH) if rows else 0.0,
+        "fill": real_tokens / (rows * row_width) if rows else 0.0,
         "samples_per_s": samples / seconds,
         "worker_peak_rss": peak_rss,
         "worker_rss_growth": peak_rss - parent_rss,
@@ -492,7 +485,8 @@ def bench_loader(num_samples: int, work_dir: Path) -> BenchRows:
     epochs: dict[str, list[dict[str, float]]] = {"ours": [], "HF": []}
     for epoch in range(LOADER_EPOCHS):
         for side in loaders if epoch % 2 == 0 else reversed(loaders):
-            epochs[side].append(measure_loader(loaders[side](), f"{side} loader, epoch {epoch + 1}"))
+            run = measure_loader(loaders[side](), f"{side} loader, epoch {epoch + 1}", row_width=LOADER_ROW_WIDTH)
+            epochs[side].append(run)
     summary: dict[str, dict[str, float]] = {}
     for side, runs in epochs.items():
         summary[side] = dict(runs[0])

@@ -9,6 +9,7 @@ The returned ``PackingDataLoader`` is Energon's ``SavableDataLoader`` plus two t
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ from megatron.energon import SavableDataLoader, WorkerConfig, get_train_dataset,
 from energon_pack.config import PackingConfig, check_resume_fingerprint
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.rope import RopeSpec
-from energon_pack.stats import aggregate_stats
+from energon_pack.stats import aggregate_stats, read_snapshots
 from energon_pack.task_encoder import QwenVLPackingTaskEncoder
 
 
@@ -60,10 +61,21 @@ def resume_fingerprint(
 class PackingDataLoader(SavableDataLoader):
     """Energon's savable loader with a resume fingerprint and aggregated packing statistics."""
 
-    def __init__(self, dataset: Any, *, fingerprint: dict[str, Any], allow_inexact_resume: bool, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        fingerprint: dict[str, Any],
+        allow_inexact_resume: bool,
+        stats_dir: tempfile.TemporaryDirectory,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(dataset, **kwargs)
         self.fingerprint = fingerprint
         self.allow_inexact_resume = allow_inexact_resume
+        #: Where workers publish their statistics (kept alive, and removed, with the loader).
+        self._stats_dir = stats_dir
+        #: Latest snapshot per worker carried by a consumed row: exact at the consumer's position.
         self._worker_stats: dict[int, dict[str, Any]] = {}
 
     def __iter__(self):
@@ -74,8 +86,12 @@ class PackingDataLoader(SavableDataLoader):
             yield batch
 
     def stats(self) -> dict[str, Any]:
-        """Aggregated statistics of this rank's workers (latest snapshot each), skips by reason."""
-        snapshots = list(self._worker_stats.values())
+        """Aggregated statistics of this rank's workers (latest snapshot each), skips by reason.
+
+        Snapshots the workers published (which include skips after their last row, and may be a
+        little ahead of the consumer while workers prefetch) override those seen in rows.
+        """
+        snapshots = list({**self._worker_stats, **read_snapshots(self._stats_dir.name)}.values())
         report = aggregate_stats(snapshots)
         report["worker_peak_rss_bytes"] = max((s.get("peak_rss_bytes", 0) for s in snapshots), default=0)
         report["buffered_samples"] = sum(s.get("buffered_samples", 0) for s in snapshots)
@@ -145,6 +161,8 @@ def get_packing_loader(
     """
     rank, world_size, group = _distributed_rank_info(rank, world_size, data_parallel_group)
     task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
+    stats_dir = tempfile.TemporaryDirectory(prefix="energon_pack_stats_")
+    task_encoder.stats_dir = stats_dir.name
     worker_config = WorkerConfig(
         rank=rank,
         world_size=world_size,
@@ -177,5 +195,9 @@ def get_packing_loader(
         config, task_encoder.processor, task_encoder.vision, task_encoder.rope_spec, world_size, split
     )
     return PackingDataLoader(
-        dataset, fingerprint=fingerprint, allow_inexact_resume=config.allow_inexact_resume, **loader_kwargs
+        dataset,
+        fingerprint=fingerprint,
+        allow_inexact_resume=config.allow_inexact_resume,
+        stats_dir=stats_dir,
+        **loader_kwargs,
     )

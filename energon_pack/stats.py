@@ -123,3 +123,31 @@ def worker_telemetry(buffered_bytes: Iterable[int], *, pending_samples: int) -> 
         "buffered_bytes": sum(sizes),
         "pending_samples": pending_samples,
     }
+
+
+def publish_snapshot(directory: str, snapshot: Mapping[str, Any]) -> None:
+    """Atomically write a worker's snapshot to ``directory/worker-<id>.json`` for the main process.
+
+    Rows carry snapshots too, but a skip after a worker's last row (or a worker whose samples
+    are all bad) would never reach the main process that way.
+    """
+    import json
+    import os
+
+    path = os.path.join(directory, f"worker-{snapshot['worker_id']}.json")
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w", encoding="utf-8") as out:
+        json.dump(snapshot, out)
+    os.replace(partial, path)
+
+
+def read_snapshots(directory: str) -> dict[int, dict[str, Any]]:
+    """The latest published snapshot of each worker, by worker id."""
+    import json
+    from pathlib import Path
+
+    snapshots = {}
+    for path in Path(directory).glob("worker-*.json"):
+        snapshot = json.loads(path.read_text(encoding="utf-8"))
+        snapshots[int(snapshot["worker_id"])] = snapshot
+    return snapshots

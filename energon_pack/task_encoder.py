@@ -80,6 +80,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         self.markers = ChatMarkers.from_tokenizer(self.processor.tokenizer)
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
         self.uint8_pixels = config.pixel_dtype == "uint8"
+        #: Folder where the packing stage publishes per-worker statistics (set by get_packing_loader).
+        self.stats_dir: str | None = None
 
     # --- preencode: tokens and geometry, no pixels ---------------------------------------
 
@@ -235,6 +237,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             postencode=self.postencode_sample,
             pack=self.pack_selected_samples,
             worker_config=worker_config,
+            stats_dir=self.stats_dir,
         )
         return BatchDataset(
             packed,

@@ -8,8 +8,8 @@
 * Truncated images and cut videos are counted skips (the loader carries on); a header that
   lies about the media size is a ``media_mismatch`` skip, never a row whose token and pixel
   counts disagree.
-* Two known gaps are strict xfails (skips after a worker's last row are not reported; MP4
-  edit lists make a valid video a ``media_mismatch``).
+* Skips after a worker's last row are still reported; an MP4 edit list does not make a valid
+  video a ``media_mismatch``.
 """
 
 from __future__ import annotations
@@ -254,16 +254,21 @@ def bad_media_dataset(tmp_path_factory) -> tuple[Path, set[str], dict[str, str]]
         bad[key] = "corrupt_image"
     video = _faststart_mp4(raw / "whole.mp4", _pixels(103, 48, 64)[None].repeat(24, axis=0), fps=8)
     header_end = video.find(b"mdat") + 4
-    (raw / "bad_video_mid_packet.mp4").write_bytes(video[: (header_end + _packet_end(video, 3)) // 2])
-    _write_record(records, "bad_video_mid_packet", videos=["bad_video_mid_packet.mp4"])
-    bad["bad_video_mid_packet"] = "corrupt_video"
-    (raw / "bad_video_at_packet.mp4").write_bytes(video[: _packet_end(video, 5)])
-    _write_record(records, "bad_video_at_packet", videos=["bad_video_at_packet.mp4"])
-    bad["bad_video_at_packet"] = "media_mismatch"  # decodes cleanly to fewer frames than the header gives
+    # Videos cut inside or right after a frame packet: the demuxed packets fall short of the
+    # frame count the header lists, so already the header check (prepare, preencode) rejects them.
+    cut_videos = {
+        "cut_video_mid_packet": video[: (header_end + _packet_end(video, 3)) // 2],
+        "cut_video_at_packet": video[: _packet_end(video, 5)],
+    }
+    for key, data in cut_videos.items():
+        (raw / f"{key}.mp4").write_bytes(data)
+        _write_record(records, key, videos=[f"{key}.mp4"])
     order = np.random.default_rng(7).permutation(len(records))
     (raw / "records.jsonl").write_text("".join(json.dumps(records[i]) + "\n" for i in order), encoding="utf-8")
     report = prepare_dataset(raw / "records.jsonl", raw, root / "dataset", samples_per_shard=6, progress=False)
-    assert report.written == len(records), f"the cut media must pass prepare's header check: {report.problems}"
+    rejected = {p.record_id: p.reason for p in report.problems}
+    assert set(rejected) == set(cut_videos) and all("corrupt_video: truncated" in r for r in rejected.values())
+    assert report.written == len(records) - len(cut_videos), f"cut images must pass the header check: {report.problems}"
     return root / "dataset", good, bad
 
 
@@ -368,14 +373,9 @@ def test_lying_header_never_reaches_a_row(bad_media_dataset, processor, monkeypa
     _assert_rows_consistent(rows, processor)
 
 
-# --- known gaps (strict xfail: they flip to failures once fixed, so the marker gets removed) -----------
+# --- skips without a following row; MP4 edit lists --------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wrapper.py _emit_ready: statistics travel only inside rows, so skips counted after a "
-    "worker's last row (here: no row at all) never reach loader.stats()",
-)
 def test_skips_without_a_following_row_are_counted(tmp_path, processor):
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -410,11 +410,6 @@ def _trimmed_mp4(path: Path, frames: np.ndarray, fps: int, trimmed: int) -> byte
     return path.read_bytes()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="media.py probe_video takes T from the header (stts count), which includes frames an MP4 edit "
-    "list discards; decoding yields fewer, so a valid trimmed video is skipped as media_mismatch",
-)
 def test_video_with_an_edit_list_is_not_skipped(tmp_path, processor):
     frames = np.stack([_pixels(11, 48, 64)] * 40)
     video = _trimmed_mp4(tmp_path / "trimmed.mp4", frames, fps=10, trimmed=3)

@@ -35,7 +35,7 @@ from megatron.energon.wrappers.buffer import SavableSampleBuffer
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.algorithms import PackItem, aligned_length, select_bins
-from energon_pack.stats import PackingStats, worker_telemetry
+from energon_pack.stats import PackingStats, publish_snapshot, worker_telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         postencode: Callable[[PreparedSample], EncodedSample],
         pack: Callable[[list[EncodedSample]], PackedRow],
         worker_config: WorkerConfig,
+        stats_dir: str | None = None,
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
         self.seq_length = seq_length
@@ -87,6 +88,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self.on_overlong = on_overlong
         self.postencode = postencode
         self.pack = pack
+        #: Folder where each worker publishes its statistics for ``PackingDataLoader.stats()``.
+        self.stats_dir = stats_dir
         self._restored = False
         self.reset_state_own()
 
@@ -123,6 +126,13 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             buffer.worker_start()
         restored, self._restored = self._restored, False
         self._stats.worker_id = self.worker_config.rank_worker_id()
+        self._publish_stats()
+        try:
+            yield from self._stream(restored)
+        finally:
+            self._publish_stats()
+
+    def _stream(self, restored: bool) -> Iterator[PackedRow]:
         if self._source_exhausted and not self._has_buffered():
             # A finished epoch. Restored from such a state, the worker is done (this also stops
             # Energon 7.4.1 from replaying a finished worker's share); otherwise start anew.
@@ -175,6 +185,17 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     def _skip(self, sample: Any, reason: str) -> None:
         self._stats.count_skip(reason.split(":", 1)[0])
         logger.warning("energon_pack: skipping sample %r: %s", getattr(sample, "__key__", None), reason)
+        self._publish_stats()
+
+    def _telemetry_snapshot(self) -> dict[str, Any]:
+        return {
+            **self._stats.snapshot(),
+            **worker_telemetry(self._buffered_nbytes(), pending_samples=len(self._pending_items)),
+        }
+
+    def _publish_stats(self, snapshot: dict[str, Any] | None = None) -> None:
+        if self.stats_dir is not None:
+            publish_snapshot(self.stats_dir, snapshot or self._telemetry_snapshot())
 
     def _run_round(self, *, flush: bool) -> None:
         """Select bins over pending + new samples; ready bins move to the ready buffer."""
@@ -241,10 +262,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                 row = self.pack(encoded)
             real_tokens = sum(e.segment.length for e in encoded)
             self._stats.count_row(real_tokens, self.seq_length, len(encoded), flush=self._source_exhausted)
-            row.stats = {
-                **self._stats.snapshot(),
-                **worker_telemetry(self._buffered_nbytes(), pending_samples=len(self._pending_items)),
-            }
+            row.stats = self._telemetry_snapshot()
+            self._publish_stats(row.stats)
             yield set_sample_restore_key(row, pack_index, *member_keys, src=self)
 
     def _can_wait(self, items: Iterable[tuple[int, int]]) -> bool:

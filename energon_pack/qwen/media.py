@@ -83,8 +83,8 @@ def probe_image(data: bytes, *, max_pixels: int | None = None) -> ImageInfo:
 def probe_video(data: bytes) -> VideoInfo:
     """Frame count, average frame rate, frame size and codec of the first video stream.
 
-    T comes from the stream header (``stream.frames``) or, when the container stores
-    none (e.g. WebM/Matroska), from counting the stream's non-empty demuxed packets;
+    T is the number of frames a decoder outputs, counted from the stream's demuxed packets
+    (non-empty, not marked discard by an edit list) without decoding;
     fps is ``stream.average_rate``. Raises `BadMediaError` with reason
     ``corrupt_video`` (unreadable container, no frames, no rate or size),
     ``no_video_stream`` or ``unsupported_codec`` (no decoder in this FFmpeg build).
@@ -107,7 +107,10 @@ def probe_video(data: bytes) -> VideoInfo:
         codec = stream.codec_context.name
         width, height = stream.codec_context.width, stream.codec_context.height
         rate = stream.average_rate
-        num_frames = stream.frames if stream.frames > 0 else _count_packets(container, stream)
+        listed = stream.frames
+        present, num_frames = _count_packets(container, stream)
+    if 0 < present < listed:
+        raise BadMediaError("corrupt_video", f"truncated: the header lists {listed} frames, the file holds {present}")
     if num_frames < 1:
         raise BadMediaError("corrupt_video", f"first video stream ({codec}) has no frames")
     if not rate or rate <= 0:
@@ -117,9 +120,20 @@ def probe_video(data: bytes) -> VideoInfo:
     return VideoInfo(num_frames=num_frames, fps=float(rate), width=width, height=height, codec=codec)
 
 
-def _count_packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> int:
-    """Number of non-empty packets of ``stream`` (one per frame for video codecs); demuxes, never decodes."""
+def _count_packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> tuple[int, int]:
+    """``(present, shown)``: non-empty packets of ``stream``, and those not marked discard.
+
+    Demuxes, never decodes. ``shown`` is the number of frames a decoder outputs: the header's
+    frame count also includes frames an MP4 edit list hides (stream-copy cuts, phone videos), and
+    some containers have no count at all. ``present`` below the header's count means the file
+    was cut short.
+    """
+    present = shown = 0
     try:
-        return sum(1 for packet in container.demux(stream) if packet.size > 0)
+        for packet in container.demux(stream):
+            if packet.size > 0:
+                present += 1
+                shown += not packet.is_discard
     except av.FFmpegError as error:
         raise BadMediaError("corrupt_video", f"demuxing failed ({error})") from error
+    return present, shown

@@ -7,7 +7,6 @@ import pickle
 from typing import Any
 
 import pytest
-import torch
 
 from energon_pack.config import PackingConfig, ResumeMismatchError
 from energon_pack.loader import get_packing_loader

@@ -13,7 +13,12 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from megatron.energon import SavableDataLoader, WorkerConfig, get_train_dataset, get_val_dataset
+from megatron.energon import (
+    SavableDataLoader,
+    WorkerConfig,
+    get_train_dataset,
+    get_val_dataset,
+)
 
 from energon_pack.config import PackingConfig, check_resume_fingerprint
 from energon_pack.qwen.geometry import VisionSpec

@@ -18,7 +18,12 @@ from typing import Any, Literal
 
 from energon_pack.conversation import ChatRecord, parse_record
 from energon_pack.errors import BadSampleError
-from energon_pack.samples import CONVERSATION_PART, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, media_part_name
+from energon_pack.samples import (
+    CONVERSATION_PART,
+    IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+    media_part_name,
+)
 
 DATASET_YAML = "__module__: energon_pack\n__class__: QwenVLChatWebdataset\n"
 SPLIT_NAMES = ("train", "val", "test")

@@ -13,7 +13,11 @@ from megatron.energon import Sample
 from megatron.energon.edataclass import edataclass
 from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
 
-from energon_pack.conversation import Message, decode_conversation_json, normalize_conversation
+from energon_pack.conversation import (
+    Message,
+    decode_conversation_json,
+    normalize_conversation,
+)
 from energon_pack.errors import BadSampleError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")

@@ -25,7 +25,12 @@ def dataset_lengths(dataset: Path) -> list[int]:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Print the side-by-side fill table (and optionally save a plot)."""
-    from energon_pack.packing.simulate import format_table, plot_fill, reference_length_mix, simulation_table
+    from energon_pack.packing.simulate import (
+        format_table,
+        plot_fill,
+        reference_length_mix,
+        simulation_table,
+    )
 
     defaults = PackingConfig(seq_length=8192)
     if args.dataset is not None:

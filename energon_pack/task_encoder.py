@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 from megatron.energon import TaskEncoder
-from megatron.energon.task_encoder.base import stateless
 from megatron.energon.flavors.base_dataset import SavableDataset
+from megatron.energon.task_encoder.base import stateless
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers.batch_dataset import BatchDataset
 
@@ -23,7 +23,13 @@ from energon_pack.config import PackingConfig
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.wrapper import PendingGroupPackingDataset
-from energon_pack.qwen.geometry import VisionSpec, image_grid, sample_frame_indices, second_per_grid_ts, video_grid
+from energon_pack.qwen.geometry import (
+    VisionSpec,
+    image_grid,
+    sample_frame_indices,
+    second_per_grid_ts,
+    video_grid,
+)
 from energon_pack.qwen.media import probe_image, probe_video
 from energon_pack.qwen.pixels import image_pixels, video_pixels
 from energon_pack.qwen.processor import load_processor, processor_family

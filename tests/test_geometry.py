@@ -11,10 +11,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor, Qwen3VLProcessor
-from transformers import Qwen3VLVideoProcessor
-from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as hf_smart_resize
-from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as hf_smart_resize_clip
+from transformers import (
+    Qwen2_5_VLProcessor,
+    Qwen2VLImageProcessor,
+    Qwen2VLVideoProcessor,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
+)
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
+    smart_resize as hf_smart_resize,
+)
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import (
+    smart_resize as hf_smart_resize_clip,
+)
 from transformers.video_utils import VideoMetadata
 
 from energon_pack.qwen.geometry import (

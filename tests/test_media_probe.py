@@ -15,7 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
 
-from energon_pack.qwen.media import BadMediaError, ImageInfo, VideoInfo, probe_image, probe_video
+from energon_pack.qwen.media import (
+    BadMediaError,
+    ImageInfo,
+    VideoInfo,
+    probe_image,
+    probe_video,
+)
 
 
 def encode_image(mode: str, size: tuple[int, int], fmt: str) -> bytes:

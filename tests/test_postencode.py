@@ -39,7 +39,13 @@ from energon_pack.synthetic import encode_image, encode_video
 from energon_pack.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.thd import build_thd_row
 from energon_pack.visual import VisualInputs, normalize_patches
-from tests.golden_media import GoldenSample, chat_sample, golden_samples, hf_reference, make_video
+from tests.golden_media import (
+    GoldenSample,
+    chat_sample,
+    golden_samples,
+    hf_reference,
+    make_video,
+)
 
 MIX_SIZE = 500
 MIX_SEED = 20251129

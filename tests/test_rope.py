@@ -9,7 +9,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig, Qwen3VLMoeConfig
+from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2VLConfig,
+    Qwen3VLConfig,
+    Qwen3VLMoeConfig,
+)
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel

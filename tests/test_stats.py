@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pickle
 
-from energon_pack.stats import FILL_BINS, PackingStats, aggregate_stats, fill, peak_rss_bytes, worker_telemetry
+from energon_pack.stats import (
+    FILL_BINS,
+    PackingStats,
+    aggregate_stats,
+    fill,
+    peak_rss_bytes,
+    worker_telemetry,
+)
 
 
 def test_counting_rows_skips_and_histogram():

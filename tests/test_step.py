@@ -244,8 +244,12 @@ def test_normalize_patches_matches_rescale_then_normalize(rows, width, seed):
 
 def test_normalize_patches_matches_hf_qwen2_vl_processors():
     from PIL import Image
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
+        Qwen2VLImageProcessor,
+    )
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import (
+        Qwen2VLVideoProcessor,
+    )
 
     rng = np.random.default_rng(0)
     image = Image.fromarray(rng.integers(0, 256, (60, 90, 3), dtype=np.uint8))

@@ -7,7 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack.thd import IGNORE_INDEX, PackedSegment, aligned_length, build_thd_row, collate_rows
+from energon_pack.thd import (
+    IGNORE_INDEX,
+    PackedSegment,
+    aligned_length,
+    build_thd_row,
+    collate_rows,
+)
 from energon_pack.visual import VisualInputs
 
 PAD = 151643

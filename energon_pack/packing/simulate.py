@@ -14,7 +14,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from energon_pack.packing.algorithms import PackItem, RoundResult, aligned_length, first_fit_decreasing, select_bins
+from energon_pack.packing.algorithms import (
+    PackItem,
+    RoundResult,
+    aligned_length,
+    first_fit_decreasing,
+    select_bins,
+)
 from energon_pack.tables import format_table as format_text_table
 
 __all__ = [

@@ -29,7 +29,11 @@ from megatron.energon.flavors.base_dataset import (
     set_sample_restore_key,
 )
 from megatron.energon.worker import WorkerConfig
-from megatron.energon.wrappers.base import BaseWrapperDataset, SampleIndex, get_sample_restore_key
+from megatron.energon.wrappers.base import (
+    BaseWrapperDataset,
+    SampleIndex,
+    get_sample_restore_key,
+)
 from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample

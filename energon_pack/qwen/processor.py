@@ -191,7 +191,10 @@ def _offline_processor(family: str) -> Any:
             chat_template=chat_template_for(family),
         )
     from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
-    from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+    from transformers.models.qwen2_vl import (
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
 
     processor_class = Qwen2_5_VLProcessor if family == "qwen2.5-vl" else Qwen2VLProcessor
     return processor_class(

@@ -200,7 +200,8 @@ def _offline_processor(family: str) -> Any:
     return processor_class(
         image_processor=Qwen2VLImageProcessor(),
         tokenizer=tokenizer,
-        video_processor=Qwen2VLVideoProcessor(),
+        # False is the class default's behaviour, stated so the processor stops warning on every call.
+        video_processor=Qwen2VLVideoProcessor(cap_pixels_per_frame=False),
         chat_template=chat_template_for(family),
     )
 

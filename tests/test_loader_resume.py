@@ -186,3 +186,11 @@ def test_restore_with_decode_failures(corrupt_dataset, processor):
         resumed = get_packing_loader(corrupt_dataset.out_dir, config, processor, **EAGER)
         resumed.restore_state_rank(state)
         assert [row_digest(row) for row in resumed] == reference[save_after:]
+
+
+def test_a_row_is_rebuilt_from_its_restore_key(dataset, processor):
+    """Energon's debugging path: ``loader.restore_sample(row["__restore_key__"])`` gives the same row."""
+    loader = get_packing_loader(dataset, make_config(0), processor)
+    rows = list(loader)
+    for row in (rows[0], rows[-1]):
+        assert row_digest(loader.restore_sample(row["__restore_key__"])) == row_digest(row)

@@ -294,15 +294,14 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     # --- restore by key (Energon's sample restore) -----------------------------------------
 
     def restore_sample(self, restore_key: tuple[Any, ...]) -> PackedRow:
-        """Rebuild the row whose restore key is ``(name, pack_index, *member restore keys)``."""
+        """Rebuild the row whose restore key is ``(name, pack_index, *member restore keys)``.
+
+        Members are the samples that decoded when the row was first built, so postencode is
+        deterministic here; nothing is counted and no stage state changes.
+        """
         name, pack_index, *member_keys = restore_key
         assert name == type(self).__name__, f"restore key {restore_key!r} is not from {type(self).__name__}"
-        encoded = []
-        for member_key in member_keys:
-            sample = self.dataset.restore_sample(member_key)
-            result = self._postencode_or_skip(sample)
-            if result is not None:
-                encoded.append(result)
+        encoded = [self.postencode(self.dataset.restore_sample(member_key)) for member_key in member_keys]
         with self._pack_index.ctx(pack_index):
             row = self.pack(encoded)
         row.stats = {}

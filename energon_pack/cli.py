@@ -72,12 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--samples-per-shard", type=int, default=100)
     prepare.set_defaults(func=_cmd_prepare)
 
-    simulate = commands.add_parser("simulate", help="fill of our bin selection vs first-fit-decreasing per buffer")
+    simulate = commands.add_parser(
+        "simulate", help="fill and vision patches per row of our bin selection vs first-fit-decreasing per buffer"
+    )
     simulate.add_argument("--dataset", type=Path, default=None, help="prepared dataset (default: built-in reference mix)")
     simulate.add_argument("--samples", type=int, default=4000, help="samples of the reference mix")
     simulate.add_argument("--widths", default="4096,8192,16384", help="row widths W")
     simulate.add_argument("--buffers", default="8,16,32,64", help="buffer sizes")
-    simulate.add_argument("--plot", type=Path, default=None, help="write a fill plot PNG (needs the plot extra)")
+    simulate.add_argument(
+        "--max-row-vision-patches",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also simulate with at most N ViT patches per row (fill and vision per row, with and without)",
+    )
+    simulate.add_argument(
+        "--plot", type=Path, default=None, help="write a fill and vision-per-row plot PNG (needs the plot extra)"
+    )
     simulate.set_defaults(func=_cmd_simulate)
 
     bench = commands.add_parser("bench", help="side-by-side speed and memory benchmarks")

@@ -50,6 +50,16 @@ class PreparedSample(Sample):
         """Number of real tokens L."""
         return int(self.input_ids.numel())
 
+    @property
+    def vision_patches(self) -> int:
+        """ViT input patches of all media: sum of t*h*w over the image and video grids (before the 2x2 merge)."""
+        return sum(int(grid.prod(dim=-1).sum()) for grid in (self.image_grid_thw, self.video_grid_thw) if grid is not None)
+
+    @property
+    def num_media(self) -> int:
+        """Images + videos."""
+        return len(self.images) + len(self.videos)
+
     def nbytes(self) -> int:
         """Bytes this sample holds in a buffer: compressed media plus token arrays and grids."""
         tensors = (self.input_ids, self.labels, self.loss_mask, self.image_grid_thw, self.video_grid_thw)

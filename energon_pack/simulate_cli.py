@@ -1,7 +1,8 @@
-"""``energon-pack simulate``: packing fill of our selection vs first-fit-decreasing per buffer.
+"""``energon-pack simulate``: packing fill and vision patches per row of our selection vs
+first-fit-decreasing per buffer, optionally under a vision budget per row.
 
-Lengths come from a prepared dataset (preencode only: exact token counts, no pixels) or from
-the built-in reference VLM length mix (``energon_pack.packing.simulate.reference_length_mix``).
+Samples come from a prepared dataset (preencode only: exact token counts and patch grids, no
+pixels) or from the built-in reference VLM mix (``energon_pack.packing.simulate.reference_mix``).
 """
 
 from __future__ import annotations
@@ -10,43 +11,58 @@ import argparse
 from pathlib import Path
 
 from energon_pack.config import PackingConfig
+from energon_pack.packing.simulate import MixSample
 
 
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
-def dataset_lengths(dataset: Path) -> list[int]:
-    """Exact token lengths of a prepared dataset's good samples, via preencode (no pixels)."""
+def dataset_samples(dataset: Path) -> list[MixSample]:
+    """Exact token counts, vision patches and media counts of a prepared dataset's good
+    samples, via preencode (no pixels)."""
     from energon_pack.inspect_dataset import iter_prepared
 
-    return [prepared.num_tokens for _, prepared in iter_prepared(dataset) if prepared.skip_reason is None]
+    return [
+        MixSample(
+            tokens=prepared.num_tokens,
+            vision_patches=prepared.vision_patches,
+            images=len(prepared.images),
+            videos=len(prepared.videos),
+        )
+        for _, prepared in iter_prepared(dataset)
+        if prepared.skip_reason is None
+    ]
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    """Print the side-by-side fill table (and optionally save a plot)."""
+    """Print the side-by-side table (and optionally save a plot). With
+    ``--max-row-vision-patches N`` every (W, buffer) is simulated without and with the budget."""
     from energon_pack.packing.simulate import (
         format_table,
         plot_fill,
-        reference_length_mix,
+        reference_mix,
         simulation_table,
     )
 
     defaults = PackingConfig(seq_length=8192)
     if args.dataset is not None:
-        lengths = dataset_lengths(args.dataset)
-        source = f"dataset {args.dataset} ({len(lengths)} samples)"
+        samples = dataset_samples(args.dataset)
+        source = f"dataset {args.dataset} ({len(samples)} samples)"
     else:
-        lengths = reference_length_mix(args.samples, seed=0)
-        source = f"reference VLM length mix ({len(lengths)} samples, seed 0)"
+        samples = reference_mix(args.samples, seed=0)
+        source = f"reference VLM length mix ({len(samples)} samples, seed 0)"
+    budgets = [None] if args.max_row_vision_patches is None else [None, args.max_row_vision_patches]
     rows = simulation_table(
-        lengths,
+        samples,
         widths=_ints(args.widths),
         buffer_sizes=_ints(args.buffers),
         min_fill=defaults.min_fill,
         max_wait_rounds=defaults.max_wait_rounds,
+        vision_budgets=budgets,
     )
     print(f"lengths: {source}; min_fill={defaults.min_fill}, max_wait_rounds={defaults.max_wait_rounds}")
+    print("vision figures: ViT input patches per row (t*h*w before the 2x2 merge); skipped: fits no row")
     print(format_table(rows))
     if args.plot is not None:
         plot_fill(rows, args.plot)

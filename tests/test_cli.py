@@ -40,6 +40,17 @@ def test_simulate_reference_mix_prints_ours_and_ffd(capsys):
     assert ours > ffd
 
 
+def test_simulate_with_a_vision_budget_prints_both_rows(capsys):
+    args = ["simulate", "--samples", "600", "--widths", "8192", "--buffers", "16", "--max-row-vision-patches", "20000"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    header = re.split(r"\s{2,}", lines[-4].strip())
+    free, capped = (dict(zip(header, re.split(r"\s{2,}", line.strip()))) for line in lines[-2:])
+    assert (free["vision budget"], capped["vision budget"]) == ("none", "20000")
+    assert int(free["vis max"]) > 20000 >= int(capped["vis max"])
+    assert int(capped["FFD vis max"]) <= 20000
+
+
 def test_inspect_and_simulate_on_a_dataset(synthetic_dataset, capsys):
     assert main(["inspect", str(synthetic_dataset.out_dir)]) == 0
     values = table_values(capsys.readouterr().out)

@@ -1,8 +1,10 @@
-"""Tests for the pure bin selection (energon_pack.packing.algorithms)."""
+"""Tests for the pure bin selection (energon_pack.packing.algorithms), with and without vision budgets."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import random
 
 import pytest
@@ -11,11 +13,14 @@ from hypothesis import strategies as st
 
 from energon_pack.packing.algorithms import (
     PackItem,
+    RowBudget,
     _best_subset,
+    _best_subset_budgeted,
+    aligned_length,
     first_fit_decreasing,
     select_bins,
 )
-from energon_pack.packing.simulate import PackingRound, iter_rounds
+from energon_pack.packing.simulate import MixSample, PackingRound, iter_rounds, reference_length_mix
 
 
 def _lengths(bins: list[list[PackItem]]) -> list[list[int]]:
@@ -43,6 +48,20 @@ def test_ffd_equal_lengths_keep_position_order_and_respect_max_segments() -> Non
 def test_ffd_rejects_overlong_naming_the_sample() -> None:
     with pytest.raises(ValueError, match=r"sample 1 has aligned length 11 > capacity 10"):
         first_fit_decreasing([3, 11], capacity=10)
+
+
+def test_ffd_with_vision_budget_golden() -> None:
+    # Docstring example: 5 (4 patches) and 2 (4 patches) would carry 8 > 6 patches.
+    assert first_fit_decreasing([3, 5, 2, 4], 7, vision=[0, 4, 4, 0], max_vision_patches=6) == [[1], [3, 0], [2]]
+    # Media: at most 2 per row; the three one-media samples cannot share one row.
+    assert first_fit_decreasing([1, 1, 1, 1], 10, media=[1, 1, 1, 0], max_media=2) == [[0, 1, 3], [2]]
+
+
+def test_ffd_rejects_a_sample_over_a_vision_limit() -> None:
+    with pytest.raises(ValueError, match=r"sample 1 has 9 vision patches > max_row_vision_patches 8.*'shrink'"):
+        first_fit_decreasing([3, 4], 10, vision=[1, 9], max_vision_patches=8)
+    with pytest.raises(ValueError, match=r"sample 0 has 3 media > max_row_media 2"):
+        first_fit_decreasing([3], 10, media=[3], max_media=2)
 
 
 # ---------------------------------------------------------------- select_bins golden cases
@@ -87,6 +106,37 @@ def test_select_bins_max_segments_golden() -> None:
     assert _indices(result.emitted) == [[0, 1], [2, 3], [4, 5]]
 
 
+def test_select_bins_vision_budget_golden() -> None:
+    # Docstring example: without a budget #0 + #1 fill the row; with 8 patches per row they cannot.
+    items = [PackItem(0, 6, 0, vision=6), PackItem(1, 4, 0, vision=5), PackItem(2, 4, 0)]
+    args = {"capacity": 10, "round_index": 0, "min_fill": 0.9, "max_wait_rounds": 2}
+    assert _indices(select_bins(items, **args).emitted) == [[0, 1]]
+    result = select_bins(items, **args, max_vision_patches=8)
+    assert _indices(result.emitted) == [[0, 2]]
+    assert _indices(result.pending) == [[1]]
+
+
+def test_select_bins_media_budget_golden() -> None:
+    # Four one-image samples of 5 slots, at most 1 image per row: no two can share a row.
+    items = [PackItem(i, 5, 0, media=1) for i in range(4)]
+    result = select_bins(
+        items, capacity=10, round_index=0, min_fill=0.5, max_wait_rounds=2, max_media=1, flush=True
+    )
+    assert _indices(result.emitted) == [[0], [1], [2], [3]]
+
+
+def test_row_budget_after_and_fits() -> None:
+    budget = RowBudget(tokens=10, media=2)
+    assert budget.after([PackItem(0, 6, 0, media=1)]) == RowBudget(tokens=4, media=1)
+    assert not RowBudget(tokens=10, vision_patches=8).fits([PackItem(0, 6, 0, vision=5), PackItem(1, 4, 0, vision=4)])
+    assert RowBudget(tokens=10).tokens_only and not budget.tokens_only
+
+
+def test_budgeted_subset_docstring_example() -> None:
+    items = [PackItem(0, 5, 0, vision=6), PackItem(1, 5, 0), PackItem(2, 4, 0, vision=3)]
+    assert _indices([_best_subset_budgeted(items, RowBudget(tokens=10, vision_patches=5))]) == [[1, 2]]
+
+
 def test_select_bins_flush_emits_everything() -> None:
     items = [PackItem(i, n, 0) for i, n in enumerate([3, 3, 3, 9])]
     result = select_bins(
@@ -104,6 +154,8 @@ def test_select_bins_flush_emits_everything() -> None:
         ({"min_fill": 1.5}, r"min_fill=1.5 must be in \(0, 1\]"),
         ({"max_wait_rounds": -1}, r"max_wait_rounds=-1 must be >= 0"),
         ({"max_segments": 0}, r"max_segments=0 must be >= 1 or None"),
+        ({"max_vision_patches": 0}, r"max_row_vision_patches=0 must be >= 1 or None"),
+        ({"max_media": 0}, r"max_row_media=0 must be >= 1 or None"),
     ],
 )
 def test_select_bins_rejects_bad_arguments(kwargs: dict, message: str) -> None:
@@ -119,11 +171,16 @@ def test_select_bins_rejects_bad_arguments(kwargs: dict, message: str) -> None:
         ([PackItem(7, 0, 0)], r"sample 7 has length 0"),
         ([PackItem(1, 2, 0), PackItem(1, 3, 0)], r"sample index 1 appears twice"),
         ([PackItem(4, 2, 3)], r"sample 4 has arrival_round 3 > round_index 0"),
+        ([PackItem(5, 2, 0, vision=21)], r"sample 5 has 21 vision patches > max_row_vision_patches 20"),
+        ([PackItem(6, 2, 0, media=4)], r"sample 6 has 4 media > max_row_media 3"),
+        ([PackItem(8, 2, 0, vision=-1)], r"sample 8 has -1 vision patches; counts must be >= 0"),
     ],
 )
 def test_select_bins_rejects_bad_candidates(items: list[PackItem], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        select_bins(items, capacity=10, round_index=0, min_fill=0.9, max_wait_rounds=2)
+        select_bins(
+            items, capacity=10, round_index=0, min_fill=0.9, max_wait_rounds=2, max_vision_patches=20, max_media=3
+        )
 
 
 # ---------------------------------------------------------------- subset search vs brute force
@@ -151,32 +208,91 @@ def test_best_subset_is_optimal(lengths: list[int], room: int, max_count: int | 
     assert len(chosen) <= limit
 
 
+def _brute_force_best(items: list[PackItem], room: RowBudget) -> int:
+    return max(
+        sum(it.length for it in subset)
+        for k in range(len(items) + 1)
+        for subset in itertools.combinations(items, k)
+        if room.fits(subset)
+    )
+
+
+budgeted_items = st.lists(
+    st.tuples(st.integers(1, 30), st.integers(0, 20), st.integers(0, 3)), min_size=0, max_size=9
+).map(lambda rows: [PackItem(i, n, 0, vision=v, media=m) for i, (n, v, m) in enumerate(rows)])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=budgeted_items,
+    tokens=st.integers(0, 60),
+    limit=st.sampled_from(["vision_patches", "media", "segments"]),
+    value=st.integers(0, 40),
+)
+def test_budgeted_subset_is_optimal_with_one_limit(items: list[PackItem], tokens: int, limit: str, value: int) -> None:
+    room = RowBudget(tokens=tokens, **{limit: value})
+    chosen = _best_subset_budgeted(items, room)
+    assert len({it.index for it in chosen}) == len(chosen) and set(chosen) <= set(items)
+    assert [it.index for it in chosen] == sorted(it.index for it in chosen)
+    assert room.fits(chosen)
+    assert sum(it.length for it in chosen) == _brute_force_best(items, room)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=budgeted_items,
+    tokens=st.integers(0, 60),
+    vision=st.one_of(st.none(), st.integers(0, 40)),
+    media=st.one_of(st.none(), st.integers(0, 6)),
+    segments=st.one_of(st.none(), st.integers(0, 5)),
+)
+def test_budgeted_subset_respects_every_limit(
+    items: list[PackItem], tokens: int, vision: int | None, media: int | None, segments: int | None
+) -> None:
+    room = RowBudget(tokens=tokens, segments=segments, vision_patches=vision, media=media)
+    chosen = _best_subset_budgeted(items, room)
+    assert room.fits(chosen) and set(chosen) <= set(items)
+    assert sum(it.length for it in chosen) <= _brute_force_best(items, room)
+    # Items never matter beyond their counts: the same search without limits matches _best_subset.
+    unlimited = _best_subset_budgeted(items, RowBudget(tokens=tokens, segments=segments))
+    assert sum(it.length for it in unlimited) == sum(it.length for it in _best_subset(items, tokens, segments))
+
+
 # ---------------------------------------------------------------- multi-round properties
 
 stream_params = st.fixed_dictionaries(
     {
-        "lengths": st.lists(st.integers(1, 40), min_size=0, max_size=60),
+        "samples": st.lists(
+            st.tuples(st.integers(1, 40), st.integers(0, 30), st.integers(0, 3)), min_size=0, max_size=60
+        ),
         "capacity": st.integers(40, 64),
         "buffer_size": st.integers(1, 9),
         "min_fill": st.sampled_from([0.5, 0.8, 0.9, 0.97, 1.0]),
         "max_wait_rounds": st.integers(0, 4),
         "max_segments": st.one_of(st.none(), st.integers(1, 5)),
+        "max_vision_patches": st.one_of(st.none(), st.integers(30, 90)),
+        "max_media": st.one_of(st.none(), st.integers(3, 8)),
     }
 )
 
 
 def _run(params: dict) -> list[PackingRound]:
-    lengths = params["lengths"]
-    kwargs = {k: v for k, v in params.items() if k != "lengths"}
-    return list(iter_rounds(lengths, **kwargs))
+    samples = [MixSample(tokens=n, vision_patches=v, images=m) for n, v, m in params["samples"]]
+    kwargs = {k: v for k, v in params.items() if k != "samples"}
+    return list(iter_rounds(samples, **kwargs))
 
 
 @settings(max_examples=150, deadline=None)
 @given(params=stream_params)
 def test_stream_invariants(params: dict) -> None:
+    budget = RowBudget(
+        tokens=params["capacity"],
+        segments=params["max_segments"],
+        vision_patches=params["max_vision_patches"],
+        media=params["max_media"],
+    )
     capacity = params["capacity"]
     max_wait = params["max_wait_rounds"]
-    max_segments = params["max_segments"]
     rounds = _run(params)
     emitted_indices: list[int] = []
     for rnd in rounds:
@@ -186,8 +302,7 @@ def test_stream_invariants(params: dict) -> None:
         assert {it for g in groups for it in g} == set(rnd.candidates)
         for group in groups:
             assert group, "empty bin"
-            assert sum(it.length for it in group) <= capacity
-            assert max_segments is None or len(group) <= max_segments
+            assert budget.fits(group), f"{group} exceeds {budget}"
             assert [it.index for it in group] == sorted(it.index for it in group)
         for it in (it for g in rnd.result.pending for it in g):
             assert rnd.index - it.arrival_round < max_wait, "a forced sample was held back"
@@ -200,7 +315,7 @@ def test_stream_invariants(params: dict) -> None:
         if max_wait == 0 or rnd.flush:
             assert rnd.result.pending == []
     # Every input sample ends in exactly one emitted bin.
-    assert sorted(emitted_indices) == list(range(len(params["lengths"])))
+    assert sorted(emitted_indices) == list(range(len(params["samples"])))
     assert [r.flush for r in rounds[:-1]] == [False] * (len(rounds) - 1)
 
 
@@ -220,6 +335,8 @@ def test_select_bins_is_deterministic_and_order_independent(params: dict, seed: 
             min_fill=params["min_fill"],
             max_wait_rounds=params["max_wait_rounds"],
             max_segments=params["max_segments"],
+            max_vision_patches=params["max_vision_patches"],
+            max_media=params["max_media"],
             flush=rnd.flush,
         )
         assert again == rnd.result
@@ -232,3 +349,48 @@ def test_max_wait_zero_emits_everything_every_round(params: dict) -> None:
     for rnd in rounds:
         assert rnd.result.pending == []
         assert all(it.arrival_round == rnd.index for it in rnd.candidates)
+
+
+# ---------------------------------------------------------------- no budget: rows as before
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=stream_params)
+def test_without_a_budget_vision_and_media_do_not_change_rows(params: dict) -> None:
+    unbudgeted = params | {"max_vision_patches": None, "max_media": None}
+    text_only = unbudgeted | {"samples": [(n, 0, 0) for n, _, _ in params["samples"]]}
+
+    def bins(rounds: list[PackingRound]) -> list[tuple[list[list[int]], list[list[int]]]]:
+        return [(_indices(r.result.emitted), _indices(r.result.pending)) for r in rounds]
+
+    assert bins(_run(unbudgeted)) == bins(_run(text_only))
+
+
+def _rounds_digest(rounds: list[PackingRound]) -> str:
+    digest = hashlib.sha256()
+    for rnd in rounds:
+        record = [rnd.index, _indices(rnd.result.emitted), _indices(rnd.result.pending)]
+        digest.update(json.dumps(record).encode())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        (
+            {"capacity": 8192, "buffer_size": 16, "min_fill": 0.99, "max_wait_rounds": 4},
+            "c2ae857761b58e313fb54b7e45348dadad41bc79747ae9c56179e1d4b78724fa",
+        ),
+        (
+            {"capacity": 4096, "buffer_size": 8, "min_fill": 0.97, "max_wait_rounds": 2, "max_segments": 6, "pad": 4},
+            "b2865bbbe814c7a8372d40a76ab4e008e0f8d8f4e4e5d10c407e69b1eb17a7cb",
+        ),
+    ],
+)
+def test_rows_without_a_budget_equal_those_before_vision_budgets(kwargs: dict, expected: str) -> None:
+    """Every round of 3000 reference-mix samples, digested; ``expected`` was computed with the
+    selection as it was before vision budgets existed (commit 599e9cc)."""
+    pad = kwargs.pop("pad", 1)
+    lengths = [aligned_length(n, pad) for n in reference_length_mix(3000, seed=0)]
+    kept = [n for n in lengths if n <= kwargs["capacity"]]
+    assert _rounds_digest(list(iter_rounds(kept, **kwargs))) == expected

@@ -8,10 +8,14 @@ import pytest
 
 from energon_pack.packing.algorithms import aligned_length
 from energon_pack.packing.simulate import (
+    PATCHES_PER_VISUAL_TOKEN,
+    MixSample,
     format_table,
     iter_rounds,
+    percentile,
     plot_fill,
     reference_length_mix,
+    reference_mix,
     simulate_ffd_per_buffer,
     simulate_stream,
     simulation_table,
@@ -111,14 +115,83 @@ def test_simulation_table_and_format(mix: list[int]) -> None:
     lines = text.splitlines()
     assert len(lines) == 2 + len(rows)  # header, rule, one line per row
     header = lines[0].split()
-    for title in ("fill", "FFD", "ratio", "rows/1k", "wait"):
+    for title in ("fill", "FFD", "ratio", "rows/1k", "wait", "p99", "budget"):
         assert title in header
     assert f"{rows[2]['fill']:.2%}" in lines[4] and f"{rows[2]['ffd_fill']:.2%}" in lines[4]
+    assert all(line.split()[5] == "none" for line in lines[2:])
+
+
+# ---------------------------------------------------------------- vision patches per row
+
+
+def test_percentile_nearest_rank() -> None:
+    assert [percentile([5, 1, 3, 2], q) for q in (25, 50, 99, 100)] == [1, 2, 5, 5]
+    assert percentile([], 99) == 0
+    with pytest.raises(ValueError, match=r"q=0 must be in \(0, 100\]"):
+        percentile([1], 0)
+
+
+def test_reference_mix_carries_vision_patches_and_media() -> None:
+    samples = reference_mix(4000, seed=0)
+    assert [s.tokens for s in samples] == reference_length_mix(4000, seed=0)
+    assert samples == reference_mix(4000, seed=0)
+    for s in samples:
+        assert s.vision_patches % PATCHES_PER_VISUAL_TOKEN == 0
+        assert s.vision_patches < PATCHES_PER_VISUAL_TOKEN * s.tokens
+        assert (s.vision_patches > 0) == (s.media > 0)
+    text_only = sum(s.media == 0 for s in samples) / len(samples)
+    videos = sum(s.videos for s in samples) / len(samples)
+    assert 0.43 < text_only < 0.51 and 0.06 < videos < 0.10, (text_only, videos)
+
+
+def test_vision_per_row_hand_case() -> None:
+    # W=10, buffer 4: ours packs 6+4 (patches 5+3) and 5+5 (0+7); FFD the same on one buffer.
+    samples = [MixSample(tokens=6, vision_patches=5), MixSample(tokens=5), MixSample(tokens=4, vision_patches=3),
+               MixSample(tokens=5, vision_patches=7, images=1)]
+    ours = simulate_stream(samples, seq_length=10, buffer_size=4, min_fill=1.0, max_wait_rounds=1)
+    assert sorted(ours.vision_per_row) == [7, 8] and ours.vision_mean == 7.5
+    capped = simulate_stream(samples, seq_length=10, buffer_size=4, min_fill=1.0, max_wait_rounds=1, max_vision_patches=7)
+    assert max(capped.vision_per_row) <= 7 and capped.samples == 4 and capped.rows == 3
+    ffd = simulate_ffd_per_buffer(samples, seq_length=10, buffer_size=4, max_vision_patches=6)
+    assert ffd.skipped == 1 and max(ffd.vision_per_row) <= 6
+
+
+def test_vision_budget_trade_off_on_reference_mix() -> None:
+    samples = reference_mix(3000, seed=0)
+    common = {"seq_length": 8192, "buffer_size": 16}
+    free = simulate_stream(samples, min_fill=MIN_FILL, max_wait_rounds=MAX_WAIT_ROUNDS, **common)
+    budget = free.vision_percentile(50)
+    ours = simulate_stream(
+        samples, min_fill=MIN_FILL, max_wait_rounds=MAX_WAIT_ROUNDS, max_vision_patches=budget, **common
+    )
+    ffd = simulate_ffd_per_buffer(samples, max_vision_patches=budget, **common)
+    over = sum(s.vision_patches > budget or s.tokens > 8192 for s in samples)
+    assert ours.skipped == ffd.skipped == over
+    assert ours.samples + ours.skipped == len(samples)
+    assert max(ours.vision_per_row) <= budget and max(ffd.vision_per_row) <= budget
+    assert free.vision_percentile(99) > budget
+    assert ours.fill > ffd.fill + 0.1 and ours.fill > 0.95
+
+
+def test_simulation_table_with_vision_budgets() -> None:
+    samples = reference_mix(1000, seed=0)
+    rows = simulation_table(
+        samples, widths=[8192], buffer_sizes=[16], min_fill=MIN_FILL, max_wait_rounds=MAX_WAIT_ROUNDS,
+        vision_budgets=[None, 20000],
+    )
+    assert [row["budget"] for row in rows] == [None, 20000]
+    assert rows[1]["vision_max"] <= 20000 and rows[1]["ffd_vision_max"] <= 20000
+    assert rows[0]["vision_max"] > 20000
+    lines = format_table(rows).splitlines()
+    assert lines[2].split()[5] == "none" and lines[3].split()[5] == "20000"
 
 
 def test_plot_fill_writes_png(tmp_path, mix: list[int]) -> None:
     pytest.importorskip("matplotlib")
-    rows = simulation_table(mix[:500], widths=[8192], buffer_sizes=[8, 16], min_fill=0.99, max_wait_rounds=4)
+    rows = simulation_table(
+        reference_mix(500, seed=0), widths=[8192], buffer_sizes=[8, 16], min_fill=0.99, max_wait_rounds=4,
+        vision_budgets=[None, 20000],
+    )
     path = tmp_path / "fill.png"
     plot_fill(rows, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,6 +16,13 @@ same urgency order, so that the gap is closed as tightly as possible and old
 samples are used first.  If a seed cannot reach ``min_fill``, the best bin
 without a seed constraint is tried instead.  Everything is deterministic:
 ties are broken by arrival index, never by hash or dict order.
+
+Next to the width W, a row may have a vision budget (`RowBudget`): at most
+``vision_patches`` ViT input patches and at most ``media`` images + videos.
+With such a limit set, every bin and pending group stays within it and the
+completion search maximises tokens within all limits
+(:func:`_best_subset_budgeted`); with none set, the search, and so every
+row, is exactly the token-only one.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["PackItem", "RoundResult", "aligned_length", "first_fit_decreasing", "select_bins"]
+import numpy as np
+
+__all__ = ["PackItem", "RoundResult", "RowBudget", "aligned_length", "first_fit_decreasing", "select_bins"]
 
 
 def aligned_length(length: int, multiple: int) -> int:
@@ -41,12 +50,63 @@ class PackItem:
 
     ``index`` is the unique arrival index (stream order), ``length`` the
     aligned length in slots (``ceil(tokens / m) * m``), ``arrival_round`` the
-    round in which the sample was first a candidate.
+    round in which the sample was first a candidate, ``vision`` its ViT input
+    patches (sum of t*h*w over its image and video grids, before the 2x2
+    merge) and ``media`` its number of images + videos.
     """
 
     index: int
     length: int
     arrival_round: int
+    vision: int = 0
+    media: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowBudget:
+    """What one row may hold: ``tokens`` slots (the width W), at most ``segments``
+    samples, ``vision_patches`` ViT input patches and ``media`` images + videos
+    (None = no limit).  Also used for the room left in a partly filled row.
+
+    Example: ``RowBudget(tokens=10, vision_patches=8).fits([PackItem(0, 6, 0, vision=5),
+    PackItem(1, 4, 0, vision=4)])`` -> False (9 patches > 8).
+    """
+
+    tokens: int
+    segments: int | None = None
+    vision_patches: int | None = None
+    media: int | None = None
+
+    @property
+    def tokens_only(self) -> bool:
+        """True when neither vision limit is set (the token-only selection applies)."""
+        return self.vision_patches is None and self.media is None
+
+    def fits(self, items: Sequence[PackItem]) -> bool:
+        """Whether ``items`` together stay within every limit."""
+        return (
+            _total(items) <= self.tokens
+            and (self.segments is None or len(items) <= self.segments)
+            and (self.vision_patches is None or sum(it.vision for it in items) <= self.vision_patches)
+            and (self.media is None or sum(it.media for it in items) <= self.media)
+        )
+
+    def after(self, items: Sequence[PackItem]) -> RowBudget:
+        """The room left once ``items`` are in the row.
+
+        Example: ``RowBudget(tokens=10, media=2).after([PackItem(0, 6, 0, media=1)])``
+        -> ``RowBudget(tokens=4, media=1)``.
+        """
+
+        def left(limit: int | None, used: int) -> int | None:
+            return None if limit is None else limit - used
+
+        return RowBudget(
+            tokens=self.tokens - _total(items),
+            segments=left(self.segments, len(items)),
+            vision_patches=left(self.vision_patches, sum(it.vision for it in items)),
+            media=left(self.media, sum(it.media for it in items)),
+        )
 
 
 @dataclass(frozen=True)
@@ -62,32 +122,58 @@ class RoundResult:
 
 
 def first_fit_decreasing(
-    lengths: Sequence[int], capacity: int, max_segments: int | None = None
+    lengths: Sequence[int],
+    capacity: int,
+    max_segments: int | None = None,
+    *,
+    vision: Sequence[int] | None = None,
+    media: Sequence[int] | None = None,
+    max_vision_patches: int | None = None,
+    max_media: int | None = None,
 ) -> list[list[int]]:
     """First-fit-decreasing bin packing; returns bins of positions into ``lengths``.
 
     Items are taken longest first (equal lengths by position) and placed in
-    the first bin with room (and fewer than ``max_segments`` items).  Bins
-    are in creation order, positions within a bin in placement order.
+    the first bin with room (and fewer than ``max_segments`` items, and room
+    for the item's ``vision`` patches and ``media`` count when
+    ``max_vision_patches`` / ``max_media`` are set).  Bins are in creation
+    order, positions within a bin in placement order.
 
     Example: ``first_fit_decreasing([3, 5, 2, 4], capacity=7)``
-    -> ``[[1, 2], [3, 0]]`` (5+2, 4+3).
+    -> ``[[1, 2], [3, 0]]`` (5+2, 4+3); with ``vision=[0, 4, 4, 0]`` and
+    ``max_vision_patches=6`` -> ``[[1], [3, 0], [2]]`` (5 and 2 would carry 8 patches).
     """
-    _check_capacity(capacity, max_segments)
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    budget = RowBudget(tokens=capacity, segments=max_segments, vision_patches=max_vision_patches, media=max_media)
+    _check_budget(budget)
+    items = [
+        PackItem(
+            index=i,
+            length=length,
+            arrival_round=0,
+            vision=0 if vision is None else vision[i],
+            media=0 if media is None else media[i],
+        )
+        for i, length in enumerate(lengths)
+    ]
+    return _first_fit_decreasing(items, budget)
+
+
+def _first_fit_decreasing(items: Sequence[PackItem], budget: RowBudget) -> list[list[int]]:
+    """First-fit-decreasing of ``items`` within ``budget``; bins of positions into ``items``."""
+    order = sorted(range(len(items)), key=lambda i: (-items[i].length, i))
     bins: list[list[int]] = []
-    free: list[int] = []
+    rooms: list[RowBudget] = []
     for i in order:
-        length = lengths[i]
-        _check_length(i, length, capacity)
-        for b, room in enumerate(free):
-            if length <= room and (max_segments is None or len(bins[b]) < max_segments):
+        item = items[i]
+        _check_item(i, item, budget)
+        for b, room in enumerate(rooms):
+            if room.fits([item]):
                 bins[b].append(i)
-                free[b] = room - length
+                rooms[b] = room.after([item])
                 break
         else:
             bins.append([i])
-            free.append(capacity - length)
+            rooms.append(budget.after([item]))
     return bins
 
 
@@ -99,6 +185,8 @@ def select_bins(
     min_fill: float,
     max_wait_rounds: int,
     max_segments: int | None = None,
+    max_vision_patches: int | None = None,
+    max_media: int | None = None,
     flush: bool = False,
 ) -> RoundResult:
     """Choose the bins one round emits and the groups it carries forward.
@@ -108,13 +196,18 @@ def select_bins(
     ``round_index - arrival_round >= max_wait_rounds``; forced candidates are
     always emitted, so no sample waits more than ``max_wait_rounds`` rounds.
     The result depends only on the set of candidates, not on their order.
+    ``max_vision_patches`` / ``max_media`` bound each bin's (and pending
+    group's) sum of ``vision`` / ``media``; None sets no bound.
 
     Example (W=10, min_fill=0.9, max_wait_rounds=2, round 0):
     lengths 6, 4, 3 (indices 0, 1, 2, all new)
     -> emitted ``[[#0 (6), #1 (4)]]`` (fill 1.0), pending ``[[#2 (3)]]``.
+    Lengths 6, 4, 4 with vision 6, 5, 0 and ``max_vision_patches=8``: #0 and
+    #1 cannot share a row -> emitted ``[[#0 (6), #2 (4)]]``, pending ``[[#1 (4)]]``.
     """
-    _check_round_args(capacity, min_fill, max_wait_rounds, max_segments)
-    _check_candidates(candidates, capacity, round_index)
+    budget = RowBudget(tokens=capacity, segments=max_segments, vision_patches=max_vision_patches, media=max_media)
+    _check_round_args(budget, min_fill, max_wait_rounds)
+    _check_candidates(candidates, budget, round_index)
     pool = sorted(candidates, key=lambda it: (it.arrival_round, -it.length, it.index))
     threshold = min_fill * capacity
 
@@ -131,14 +224,10 @@ def select_bins(
             break
         seed = pool[seed_pos]
         others = pool[:seed_pos] + pool[seed_pos + 1 :]
-        chosen = [seed] + _best_subset(
-            others,
-            capacity - seed.length,
-            None if max_segments is None else max_segments - 1,
-        )
+        chosen = [seed] + _best_subset_within(others, budget.after([seed]))
         if not forced(seed) and _total(chosen) < threshold:
             failed_seeds.add(seed.index)
-            chosen = _best_subset(pool, capacity, max_segments)
+            chosen = _best_subset_within(pool, budget)
             if _total(chosen) < threshold:
                 break
         emitted.append(sorted(chosen, key=lambda it: it.index))
@@ -147,13 +236,21 @@ def select_bins(
 
     pending = [
         [pool[p] for p in sorted(group, key=lambda p: pool[p].index)]
-        for group in first_fit_decreasing([it.length for it in pool], capacity, max_segments)
+        for group in _first_fit_decreasing(pool, budget)
     ]
     return RoundResult(emitted=emitted, pending=pending)
 
 
 def _total(items: Sequence[PackItem]) -> int:
     return sum(it.length for it in items)
+
+
+def _best_subset_within(items: Sequence[PackItem], room: RowBudget) -> list[PackItem]:
+    """The completion of a row with ``room`` left: :func:`_best_subset` without a vision
+    limit (so rows stay those of the token-only selection), else :func:`_best_subset_budgeted`."""
+    if room.tokens_only:
+        return _best_subset(items, room.tokens, room.segments)
+    return _best_subset_budgeted(items, room)
 
 
 def _best_subset(
@@ -251,6 +348,80 @@ def _best_subset_counted(items: Sequence[PackItem], room: int, max_count: int) -
     return chosen
 
 
+_UNREACHABLE = 1 << 62  # larger than any packed cost key of _best_subset_budgeted
+
+
+def _best_subset_budgeted(items: Sequence[PackItem], room: RowBudget) -> list[PackItem]:
+    """The subset of ``items`` with the largest token total within every limit of ``room``.
+
+    Dynamic programme over token sums (numpy, one pass per item in the given
+    order): ``best[s]`` holds the smallest cost key (vision patches, then
+    media, then samples, each counted only when ``room`` limits it) of a
+    subset of the items seen so far with total ``s`` that stays within the
+    limits.  Exact (the largest reachable total) when one limit besides
+    tokens is set; with several, the subset kept per total is the one with
+    the smallest key, so every limit holds but a total reachable only through
+    more vision patches may be missed.  Stops at the first item with which
+    ``room.tokens`` is reached exactly; ties keep the earlier items.
+
+    Example: lengths 5, 5, 4 with vision 6, 0, 3 and room (tokens 10,
+    vision 5) -> the items of lengths 5 (vision 0) and 4 (total 9): 5+5 would
+    carry 6 patches, and 5 (vision 6) alone breaks the limit.
+    """
+    if room.tokens <= 0 or room.segments == 0:
+        return []
+    fitting = [it for it in items if room.fits([it])]
+    vision_limit, media_limit, count_limit = room.vision_patches, room.media, room.segments
+    # Cost key = (vision * media_base + media) * count_base + count; each base exceeds twice
+    # its limit, so adding one item's key to a key within the limits never carries.
+    media_base = 1 if media_limit is None else 2 * media_limit + 1
+    count_base = 1 if count_limit is None else 2 * count_limit + 1
+    if 2 * ((vision_limit or 0) + 1) * media_base * count_base >= _UNREACHABLE:
+        raise ValueError(
+            f"row budget {room} is too large for the packed cost key; lower max_row_vision_patches, "
+            "max_row_media or max_segments."
+        )
+
+    def key(it: PackItem) -> int:
+        vision = 0 if vision_limit is None else it.vision
+        media = 0 if media_limit is None else it.media
+        return (vision * media_base + media) * count_base + (count_limit is not None)
+
+    size = room.tokens + 1
+    best = np.full(size, _UNREACHABLE, dtype=np.int64)
+    best[0] = 0
+    improved: list[np.ndarray] = []  # improved[i][s]: item i lowered best[s]
+    for it in fitting:
+        before = best[: size - it.length]
+        cost = before + key(it)
+        ok = (before < _UNREACHABLE) & (cost < best[it.length :])
+        if vision_limit is not None:
+            ok &= cost // (media_base * count_base) <= vision_limit
+        if media_limit is not None:
+            ok &= cost // count_base % media_base <= media_limit
+        if count_limit is not None:
+            ok &= cost % count_base <= count_limit
+        mask = np.zeros(size, dtype=bool)
+        mask[it.length :] = ok
+        best[it.length :] = np.where(ok, cost, best[it.length :])
+        improved.append(mask)
+        if best[room.tokens] < _UNREACHABLE:
+            break
+    total = int(np.flatnonzero(best < _UNREACHABLE)[-1])
+    # best[total] was set by the last item that improved it, from the state of total - length
+    # before that item, which the last earlier improver of that total set, and so on.
+    chosen: list[PackItem] = []
+    position = len(improved) - 1
+    while total > 0:
+        while not improved[position][total]:
+            position -= 1
+        chosen.append(fitting[position])
+        total -= fitting[position].length
+        position -= 1
+    chosen.reverse()
+    return chosen
+
+
 def _check_capacity(capacity: int, max_segments: int | None) -> None:
     if capacity < 1:
         raise ValueError(f"capacity={capacity} must be >= 1 slot; pass the row width W (seq_length).")
@@ -258,6 +429,29 @@ def _check_capacity(capacity: int, max_segments: int | None) -> None:
         raise ValueError(
             f"max_segments={max_segments} must be >= 1 or None; pass None for no segment limit."
         )
+
+
+def _check_budget(budget: RowBudget) -> None:
+    _check_capacity(budget.tokens, budget.segments)
+    for name, value in (("max_row_vision_patches", budget.vision_patches), ("max_row_media", budget.media)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} must be >= 1 or None; pass None for no such limit per row.")
+
+
+def _check_item(index: int, item: PackItem, budget: RowBudget) -> None:
+    """Reject an item that could never be packed within ``budget`` (or has a negative count)."""
+    _check_length(index, item.length, budget.tokens)
+    for what, value, limit, name in (
+        ("vision patches", item.vision, budget.vision_patches, "max_row_vision_patches"),
+        ("media", item.media, budget.media, "max_row_media"),
+    ):
+        if value < 0:
+            raise ValueError(f"sample {index} has {value} {what}; counts must be >= 0.")
+        if limit is not None and value > limit:
+            raise ValueError(
+                f"sample {index} has {value} {what} > {name} {limit}; filter such samples before "
+                f"packing (on_overlong='skip' or 'shrink') or raise {name}."
+            )
 
 
 def _check_length(index: int, length: int, capacity: int) -> None:
@@ -273,10 +467,8 @@ def _check_length(index: int, length: int, capacity: int) -> None:
         )
 
 
-def _check_round_args(
-    capacity: int, min_fill: float, max_wait_rounds: int, max_segments: int | None
-) -> None:
-    _check_capacity(capacity, max_segments)
+def _check_round_args(budget: RowBudget, min_fill: float, max_wait_rounds: int) -> None:
+    _check_budget(budget)
     if not 0.0 < min_fill <= 1.0:
         raise ValueError(f"min_fill={min_fill} must be in (0, 1]; e.g. 0.97.")
     if max_wait_rounds < 0:
@@ -285,10 +477,10 @@ def _check_round_args(
         )
 
 
-def _check_candidates(candidates: Sequence[PackItem], capacity: int, round_index: int) -> None:
+def _check_candidates(candidates: Sequence[PackItem], budget: RowBudget, round_index: int) -> None:
     seen: set[int] = set()
     for it in candidates:
-        _check_length(it.index, it.length, capacity)
+        _check_item(it.index, it, budget)
         if it.index in seen:
             raise ValueError(
                 f"sample index {it.index} appears twice among the candidates; indices must be unique."

@@ -2,8 +2,10 @@
 
 Runs the packing rounds exactly as the savable wrapper does (fill a buffer of
 ``buffer_size`` new samples, run a round, carry the pending groups, flush at
-the end of the stream) on a list of token lengths, and measures fill
-(real tokens / (rows * W)), rows and waiting time.  No Energon, no torch.
+the end of the stream) on a list of samples (token lengths, or `MixSample`s
+that also carry vision patches and media counts), and measures fill
+(real tokens / (rows * W)), vision patches per row, rows and waiting time.
+No Energon, no torch.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from energon_pack.packing.algorithms import (
     PackItem,
     RoundResult,
+    RowBudget,
     aligned_length,
     first_fit_decreasing,
     select_bins,
@@ -24,20 +27,50 @@ from energon_pack.packing.algorithms import (
 from energon_pack.tables import format_table as format_text_table
 
 __all__ = [
+    "MixSample",
     "PackingRound",
     "SimulationResult",
     "format_table",
     "iter_rounds",
     "plot_fill",
     "reference_length_mix",
+    "reference_mix",
     "simulate_ffd_per_buffer",
     "simulate_stream",
     "simulation_table",
 ]
 
 
+#: ViT input patches per merged visual token (2x2 spatial merge).
+PATCHES_PER_VISUAL_TOKEN = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixSample:
+    """One simulated sample: ``tokens`` (chat template included), its ViT input patches
+    (``vision_patches``, before the 2x2 merge: 4 per visual token) and media counts."""
+
+    tokens: int
+    vision_patches: int = 0
+    images: int = 0
+    videos: int = 0
+
+    @property
+    def media(self) -> int:
+        """Images + videos."""
+        return self.images + self.videos
+
+
 def reference_length_mix(n: int, seed: int = 0) -> list[int]:
-    """``n`` token lengths drawn from a reference Qwen-VL SFT mix (deterministic in ``seed``).
+    """Token lengths of :func:`reference_mix` (``n`` samples, deterministic in ``seed``).
+
+    Example: ``len(reference_length_mix(5, seed=1)) == 5``.
+    """
+    return [sample.tokens for sample in reference_mix(n, seed)]
+
+
+def reference_mix(n: int, seed: int = 0) -> list[MixSample]:
+    """``n`` samples drawn from a reference Qwen-VL SFT mix (deterministic in ``seed``).
 
     Components (share of samples -> tokens per sample, chat template included;
     "text" is log-normal, median 250, sigma 0.9, clipped to [30, 3000]):
@@ -47,15 +80,20 @@ def reference_length_mix(n: int, seed: int = 0) -> list[int]:
       ~1000x1000 px at 28 px per token side, Qwen2.5-VL) + text.
     * 7 % multi-image: 2-6 images of 300-1300 tokens each + text.
     * 6 % video: 1000-6000 visual tokens (uniform) + text.
-    * 4 % long samples: 6000-8100 tokens (uniform): long documents, dense video.
+    * 4 % long samples: 6000-8100 tokens (uniform): long documents, or (half of
+      them, drawn from a second generator so that lengths do not depend on it)
+      dense videos whose tokens are all visual but a text part.
+
+    Vision patches are 4 per visual token (Qwen2.5-VL merges 2x2 patches into one token).
 
     Mean ~1450 tokens, median ~900.  The mix is calibrated only against the
     baseline: first-fit-decreasing per buffer at W=8192 gives ~74 % / 84 % / 91 %
     fill with buffers of 8 / 16 / 32, in line with Megatron-Bridge's FFD on real
     VLM SFT data.  A few multi-image or video samples exceed 8192 tokens and are
-    skipped as overlong at W=8192.  Example: ``len(reference_length_mix(5, seed=1)) == 5``.
+    skipped as overlong at W=8192.  Example: ``reference_mix(1, seed=0)[0].tokens > 0``.
     """
     rng = random.Random(seed)
+    media_rng = random.Random(f"{seed}-media")
 
     def lognormal(median: float, sigma: float, low: int, high: int) -> int:
         return int(min(max(rng.lognormvariate(math.log(median), sigma), low), high))
@@ -66,33 +104,70 @@ def reference_length_mix(n: int, seed: int = 0) -> list[int]:
     def image() -> int:
         return rng.randint(300, 1300)
 
-    lengths = []
+    def visual(tokens: int, *, images: int = 0, videos: int = 0) -> tuple[int, int, int]:
+        return PATCHES_PER_VISUAL_TOKEN * tokens, images, videos
+
+    samples = []
     for _ in range(n):
         u = rng.random()
         if u < 0.45:
-            lengths.append(lognormal(400, 0.8, 60, 4000))
+            tokens, vision = lognormal(400, 0.8, 60, 4000), visual(0)
         elif u < 0.83:
-            lengths.append(image() + text())
+            image_tokens = image()
+            tokens, vision = image_tokens + text(), visual(image_tokens, images=1)
         elif u < 0.90:
-            lengths.append(sum(image() for _ in range(rng.randint(2, 6))) + text())
+            image_tokens = [image() for _ in range(rng.randint(2, 6))]
+            tokens, vision = sum(image_tokens) + text(), visual(sum(image_tokens), images=len(image_tokens))
         elif u < 0.96:
-            lengths.append(rng.randint(1000, 6000) + text())
+            video_tokens = rng.randint(1000, 6000)
+            tokens, vision = video_tokens + text(), visual(video_tokens, videos=1)
         else:
-            lengths.append(rng.randint(6000, 8100))
-    return lengths
+            tokens = rng.randint(6000, 8100)
+            dense_video = media_rng.random() < 0.5
+            text_tokens = media_rng.randint(30, 300)
+            vision = visual(tokens - text_tokens, videos=1) if dense_video else visual(0)
+        patches, images, videos = vision
+        samples.append(MixSample(tokens=tokens, vision_patches=patches, images=images, videos=videos))
+    return samples
 
 
 @dataclass(frozen=True, kw_only=True)
 class SimulationResult:
-    """Figures of one simulated stream; fill = real (unaligned) tokens / (rows * W)."""
+    """Figures of one simulated stream; fill = real (unaligned) tokens / (rows * W).
+
+    ``vision_per_row`` holds the ViT input patches of every row, in emission order.
+    """
 
     samples: int  # packed samples
-    skipped: int  # overlong samples (aligned length > W)
+    skipped: int  # samples that fit no row (aligned length > W, or over a vision limit)
     rows: int
     fill: float
     rows_per_1000_samples: float
     mean_wait_rounds: float
     max_wait_rounds: int
+    vision_per_row: tuple[int, ...] = ()
+
+    def vision_percentile(self, q: float) -> int:
+        """Nearest-rank ``q``-th percentile (0 < q <= 100) of vision patches per row; 0 without rows."""
+        return percentile(self.vision_per_row, q)
+
+    @property
+    def vision_mean(self) -> float:
+        """Mean vision patches per row."""
+        return sum(self.vision_per_row) / len(self.vision_per_row) if self.vision_per_row else 0.0
+
+
+def percentile(values: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile: the smallest value with at least ``q`` % of ``values`` <= it.
+
+    Example: ``percentile([5, 1, 3, 2], 50)`` -> 2; ``percentile([5, 1, 3, 2], 99)`` -> 5; ``[]`` -> 0.
+    """
+    if not 0 < q <= 100:
+        raise ValueError(f"q={q} must be in (0, 100].")
+    if not values:
+        return 0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,20 +181,23 @@ class PackingRound:
 
 
 def iter_rounds(
-    aligned_lengths: Sequence[int],
+    aligned_lengths: Sequence[int | MixSample],
     *,
     capacity: int,
     buffer_size: int,
     min_fill: float,
     max_wait_rounds: int,
     max_segments: int | None = None,
+    max_vision_patches: int | None = None,
+    max_media: int | None = None,
 ) -> Iterator[PackingRound]:
     """Drive :func:`select_bins` over a stream as the wrapper does.
 
     Every ``buffer_size`` new samples a round runs on the new samples plus
     the pending groups; after the stream a flush round runs on the leftover
     partial buffer plus the pending groups (if any) and emits everything.
-    Sample ``i`` gets index ``i``.
+    Sample ``i`` gets index ``i``; a sample is its aligned length in slots,
+    or a `MixSample` whose ``tokens`` are that aligned length.
 
     Example: aligned lengths ``[6, 4, 3]``, capacity 10, buffer 2 -> round 0
     emits ``[#0, #1]``; flush round 1 emits ``[#2]``.
@@ -139,14 +217,24 @@ def iter_rounds(
             min_fill=min_fill,
             max_wait_rounds=max_wait_rounds,
             max_segments=max_segments,
+            max_vision_patches=max_vision_patches,
+            max_media=max_media,
             flush=flush,
         )
         pending[:] = [it for group in result.pending for it in group]
         new.clear()
         return PackingRound(index=round_index, candidates=candidates, flush=flush, result=result)
 
-    for i, length in enumerate(aligned_lengths):
-        new.append(PackItem(index=i, length=length, arrival_round=round_index))
+    for i, sample in enumerate(_mix_samples(aligned_lengths)):
+        new.append(
+            PackItem(
+                index=i,
+                length=sample.tokens,
+                arrival_round=round_index,
+                vision=sample.vision_patches,
+                media=sample.media,
+            )
+        )
         if len(new) == buffer_size:
             yield run(flush=False)
             round_index += 1
@@ -155,7 +243,7 @@ def iter_rounds(
 
 
 def simulate_stream(
-    lengths: Sequence[int],
+    lengths: Sequence[int | MixSample],
     *,
     seq_length: int,
     buffer_size: int,
@@ -163,46 +251,65 @@ def simulate_stream(
     min_fill: float,
     max_wait_rounds: int,
     max_segments: int | None = None,
+    max_vision_patches: int | None = None,
+    max_media: int | None = None,
 ) -> SimulationResult:
-    """Pack ``lengths`` (tokens per sample) with pending groups; overlong samples are skipped."""
-    kept, skipped = _split_overlong(lengths, seq_length, pad_multiple)
-    aligned = [aligned_length(n, pad_multiple) for n in kept]
-    rows = 0
+    """Pack ``lengths`` (tokens per sample, or `MixSample`s) with pending groups; samples
+    that fit no row (overlong, or over a vision limit) are skipped."""
+    budget = RowBudget(tokens=seq_length, segments=max_segments, vision_patches=max_vision_patches, media=max_media)
+    kept, skipped = _split_unfit(lengths, budget, pad_multiple)
+    rows: list[list[PackItem]] = []
     waits: list[int] = []
     for packing_round in iter_rounds(
-        aligned,
+        _aligned(kept, pad_multiple),
         capacity=seq_length,
         buffer_size=buffer_size,
         min_fill=min_fill,
         max_wait_rounds=max_wait_rounds,
         max_segments=max_segments,
+        max_vision_patches=max_vision_patches,
+        max_media=max_media,
     ):
         emitted = packing_round.result.emitted
-        rows += len(emitted)
+        rows.extend(emitted)
         waits.extend(packing_round.index - it.arrival_round for b in emitted for it in b)
-    return _result(kept, skipped, rows, seq_length, waits)
+    vision = [sum(it.vision for it in row) for row in rows]
+    return _result(kept, skipped, vision, seq_length, waits)
 
 
 def simulate_ffd_per_buffer(
-    lengths: Sequence[int],
+    lengths: Sequence[int | MixSample],
     *,
     seq_length: int,
     buffer_size: int,
     pad_multiple: int = 1,
     max_segments: int | None = None,
+    max_vision_patches: int | None = None,
+    max_media: int | None = None,
 ) -> SimulationResult:
-    """Baseline: first-fit-decreasing on each buffer, every bin emitted, nothing carried."""
-    kept, skipped = _split_overlong(lengths, seq_length, pad_multiple)
-    aligned = [aligned_length(n, pad_multiple) for n in kept]
-    rows = sum(
-        len(first_fit_decreasing(aligned[start : start + buffer_size], seq_length, max_segments))
-        for start in range(0, len(aligned), buffer_size)
-    )
-    return _result(kept, skipped, rows, seq_length, [0] * len(kept))
+    """Baseline: first-fit-decreasing on each buffer, every bin emitted, nothing carried
+    (within the same vision limits when they are set)."""
+    budget = RowBudget(tokens=seq_length, segments=max_segments, vision_patches=max_vision_patches, media=max_media)
+    kept, skipped = _split_unfit(lengths, budget, pad_multiple)
+    aligned = _aligned(kept, pad_multiple)
+    vision: list[int] = []
+    for start in range(0, len(aligned), buffer_size):
+        buffer = aligned[start : start + buffer_size]
+        bins = first_fit_decreasing(
+            [s.tokens for s in buffer],
+            seq_length,
+            max_segments,
+            vision=[s.vision_patches for s in buffer],
+            media=[s.media for s in buffer],
+            max_vision_patches=max_vision_patches,
+            max_media=max_media,
+        )
+        vision.extend(sum(buffer[p].vision_patches for p in row) for row in bins)
+    return _result(kept, skipped, vision, seq_length, [0] * len(kept))
 
 
 def simulation_table(
-    lengths: Sequence[int],
+    lengths: Sequence[int | MixSample],
     *,
     widths: Sequence[int],
     buffer_sizes: Sequence[int],
@@ -210,45 +317,49 @@ def simulation_table(
     min_fill: float,
     max_wait_rounds: int,
     max_segments: int | None = None,
-) -> list[dict[str, float | int]]:
-    """One row per (W, buffer): our selector and the FFD baseline on the same stream.
+    vision_budgets: Sequence[int | None] = (None,),
+) -> list[dict[str, float | int | None]]:
+    """One row per (W, buffer, vision budget): our selector and the FFD baseline on the same
+    stream, both under ``max_vision_patches`` = that budget (None: no budget).
 
-    Keys: ``W, buffer, fill, ffd_fill, ratio, rows_per_1000, ffd_rows_per_1000,
-    mean_wait, max_wait, skipped``.
+    Keys: ``W, buffer, budget, fill, ffd_fill, ratio, vision_mean, vision_p50, vision_p99,
+    vision_max, ffd_vision_p99, ffd_vision_max, rows_per_1000, ffd_rows_per_1000, mean_wait,
+    max_wait, skipped``; vision figures are ViT input patches per row.
     """
     table = []
     for width in widths:
         for buffer_size in buffer_sizes:
-            ours = simulate_stream(
-                lengths,
-                seq_length=width,
-                buffer_size=buffer_size,
-                pad_multiple=pad_multiple,
-                min_fill=min_fill,
-                max_wait_rounds=max_wait_rounds,
-                max_segments=max_segments,
-            )
-            ffd = simulate_ffd_per_buffer(
-                lengths,
-                seq_length=width,
-                buffer_size=buffer_size,
-                pad_multiple=pad_multiple,
-                max_segments=max_segments,
-            )
-            table.append(
-                {
-                    "W": width,
-                    "buffer": buffer_size,
-                    "fill": ours.fill,
-                    "ffd_fill": ffd.fill,
-                    "ratio": ours.fill / ffd.fill if ffd.fill else math.nan,
-                    "rows_per_1000": ours.rows_per_1000_samples,
-                    "ffd_rows_per_1000": ffd.rows_per_1000_samples,
-                    "mean_wait": ours.mean_wait_rounds,
-                    "max_wait": ours.max_wait_rounds,
-                    "skipped": ours.skipped,
+            for budget in vision_budgets:
+                common = {
+                    "seq_length": width,
+                    "buffer_size": buffer_size,
+                    "pad_multiple": pad_multiple,
+                    "max_segments": max_segments,
+                    "max_vision_patches": budget,
                 }
-            )
+                ours = simulate_stream(lengths, min_fill=min_fill, max_wait_rounds=max_wait_rounds, **common)
+                ffd = simulate_ffd_per_buffer(lengths, **common)
+                table.append(
+                    {
+                        "W": width,
+                        "buffer": buffer_size,
+                        "budget": budget,
+                        "fill": ours.fill,
+                        "ffd_fill": ffd.fill,
+                        "ratio": ours.fill / ffd.fill if ffd.fill else math.nan,
+                        "vision_mean": ours.vision_mean,
+                        "vision_p50": ours.vision_percentile(50),
+                        "vision_p99": ours.vision_percentile(99),
+                        "vision_max": ours.vision_percentile(100),
+                        "ffd_vision_p99": ffd.vision_percentile(99),
+                        "ffd_vision_max": ffd.vision_percentile(100),
+                        "rows_per_1000": ours.rows_per_1000_samples,
+                        "ffd_rows_per_1000": ffd.rows_per_1000_samples,
+                        "mean_wait": ours.mean_wait_rounds,
+                        "max_wait": ours.max_wait_rounds,
+                        "skipped": ours.skipped,
+                    }
+                )
     return table
 
 
@@ -258,6 +369,13 @@ _COLUMNS = (
     ("fill", "fill", "{:.2%}"),
     ("ffd_fill", "FFD fill", "{:.2%}"),
     ("ratio", "ratio", "{:.3f}"),
+    ("budget", "vision budget", "{}"),
+    ("vision_mean", "vis/row mean", "{:.0f}"),
+    ("vision_p50", "vis p50", "{:d}"),
+    ("vision_p99", "vis p99", "{:d}"),
+    ("vision_max", "vis max", "{:d}"),
+    ("ffd_vision_p99", "FFD vis p99", "{:d}"),
+    ("ffd_vision_max", "FFD vis max", "{:d}"),
     ("rows_per_1000", "rows/1k", "{:.1f}"),
     ("ffd_rows_per_1000", "FFD rows/1k", "{:.1f}"),
     ("mean_wait", "mean wait", "{:.2f}"),
@@ -266,14 +384,18 @@ _COLUMNS = (
 )
 
 
-def format_table(rows: Sequence[dict[str, float | int]]) -> str:
-    """Text table of :func:`simulation_table` rows: header, rule, one line per row."""
-    formatted = [{title: fmt.format(row[key]) for key, title, fmt in _COLUMNS} for row in rows]
+def format_table(rows: Sequence[dict[str, float | int | None]]) -> str:
+    """Text table of :func:`simulation_table` rows: header, rule, one line per row
+    (vision figures in ViT patches per row; budget "none" when unset)."""
+    formatted = [
+        {title: "none" if row[key] is None else fmt.format(row[key]) for key, title, fmt in _COLUMNS} for row in rows
+    ]
     return format_text_table(formatted, [title for _, title, _ in _COLUMNS])
 
 
-def plot_fill(rows: Sequence[dict[str, float | int]], path: str | Path) -> None:
-    """Save a fill-vs-buffer chart (one line per W, ours solid, FFD dashed) to ``path``."""
+def plot_fill(rows: Sequence[dict[str, float | int | None]], path: str | Path) -> None:
+    """Save a chart of fill and of p99 vision patches per row against buffer size (one line
+    per W and vision budget, ours solid, FFD dashed) to ``path``."""
     try:
         import matplotlib
 
@@ -283,48 +405,72 @@ def plot_fill(rows: Sequence[dict[str, float | int]], path: str | Path) -> None:
         raise ImportError(
             "plot_fill needs matplotlib; install the plot extra: pip install 'energon-pack[plot]'."
         ) from err
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for width in sorted({row["W"] for row in rows}):
-        sub = sorted((row for row in rows if row["W"] == width), key=lambda r: r["buffer"])
-        buffers = [row["buffer"] for row in sub]
-        (line,) = ax.plot(buffers, [row["fill"] for row in sub], marker="o", label=f"W={width}")
-        ax.plot(
-            buffers,
-            [row["ffd_fill"] for row in sub],
-            marker="x",
-            linestyle="--",
-            color=line.get_color(),
-            label=f"W={width} FFD",
+    fig, (fill_ax, vision_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    series = sorted({(row["W"], row["budget"]) for row in rows}, key=lambda key: (key[0], key[1] or 0))
+    for width, budget in series:
+        sub = sorted(
+            (row for row in rows if (row["W"], row["budget"]) == (width, budget)), key=lambda r: r["buffer"]
         )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("buffer size (samples)")
-    ax.set_ylabel("fill (real tokens / row slots)")
-    ax.legend()
+        buffers = [row["buffer"] for row in sub]
+        label = f"W={width}" + ("" if budget is None else f", vision<={budget}")
+        for ax, ours_key, ffd_key in ((fill_ax, "fill", "ffd_fill"), (vision_ax, "vision_p99", "ffd_vision_p99")):
+            (line,) = ax.plot(buffers, [row[ours_key] for row in sub], marker="o", label=label)
+            ax.plot(
+                buffers,
+                [row[ffd_key] for row in sub],
+                marker="x",
+                linestyle="--",
+                color=line.get_color(),
+                label=f"{label} FFD",
+            )
+    for ax, ylabel in ((fill_ax, "fill (real tokens / row slots)"), (vision_ax, "p99 vision patches per row")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("buffer size (samples)")
+        ax.set_ylabel(ylabel)
+    fill_ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def _split_overlong(
-    lengths: Sequence[int], seq_length: int, pad_multiple: int
-) -> tuple[list[int], int]:
-    if pad_multiple < 1 or seq_length % pad_multiple:
+def _mix_samples(samples: Sequence[int | MixSample]) -> list[MixSample]:
+    return [s if isinstance(s, MixSample) else MixSample(tokens=s) for s in samples]
+
+
+def _aligned(samples: Sequence[MixSample], pad_multiple: int) -> list[MixSample]:
+    return [replace(s, tokens=aligned_length(s.tokens, pad_multiple)) for s in samples]
+
+
+def _split_unfit(
+    lengths: Sequence[int | MixSample], budget: RowBudget, pad_multiple: int
+) -> tuple[list[MixSample], int]:
+    """(samples that fit one row within ``budget`` once aligned, number of the others)."""
+    if pad_multiple < 1 or budget.tokens % pad_multiple:
         raise ValueError(
-            f"seq_length={seq_length} must be a positive multiple of pad_multiple={pad_multiple}."
+            f"seq_length={budget.tokens} must be a positive multiple of pad_multiple={pad_multiple}."
         )
-    kept = [n for n in lengths if aligned_length(n, pad_multiple) <= seq_length]
-    return kept, len(lengths) - len(kept)
+    samples = _mix_samples(lengths)
+    kept = [
+        s
+        for s in samples
+        if budget.fits(
+            [PackItem(0, aligned_length(s.tokens, pad_multiple), 0, vision=s.vision_patches, media=s.media)]
+        )
+    ]
+    return kept, len(samples) - len(kept)
 
 
 def _result(
-    kept: Sequence[int], skipped: int, rows: int, seq_length: int, waits: Sequence[int]
+    kept: Sequence[MixSample], skipped: int, vision_per_row: Sequence[int], seq_length: int, waits: Sequence[int]
 ) -> SimulationResult:
+    rows = len(vision_per_row)
     return SimulationResult(
         samples=len(kept),
         skipped=skipped,
         rows=rows,
-        fill=sum(kept) / (rows * seq_length) if rows else 0.0,
+        fill=sum(s.tokens for s in kept) / (rows * seq_length) if rows else 0.0,
         rows_per_1000_samples=1000 * rows / len(kept) if kept else 0.0,
         mean_wait_rounds=sum(waits) / len(waits) if waits else 0.0,
         max_wait_rounds=max(waits, default=0),
+        vision_per_row=tuple(vision_per_row),
     )

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# torch/torchvision are pinned to the releases that lie on local disk (see DEVELOPERS.md).
+# torch/torchvision are pinned to the releases that lie on local disk (the versions pinned in pyproject.toml).
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
 .PHONY: demo test install install-test clean

@@ -1,4 +1,4 @@
-"""``energon-pack bench``: side-by-side speed and memory figures, measured in one run (DESIGN.md section 9).
+"""``energon-pack bench``: side-by-side speed and memory figures, measured in one run.
 
 Each stage is a function ``(num_samples, work_dir) -> table rows`` registered in `BENCHES`; a row
 is ``{"what": ..., "ours": ..., "HF": ..., "ratio": ...}`` with ``ratio = ours / HF``. Both sides run
@@ -75,7 +75,7 @@ def bench_samples(work_dir: Path, num_samples: int, *, seed: int = 0) -> list[Qw
 def hf_processor_outputs(
     processor: Any, messages: Sequence[dict], images: Sequence[bytes], videos: Sequence[bytes]
 ) -> Any:
-    """The Hugging Face processor output for one chat, called as DESIGN.md section 3 says.
+    """The Hugging Face processor output for one chat, called as docs/batch_contract.md says.
 
     Images go in as opened PIL images; video frames are decoded with PyAV (rgb24) at the
     frame indices of ``sample_frame_indices`` and passed with ``do_sample_frames=False`` and
@@ -208,7 +208,7 @@ def bench_postencode(num_samples: int, work_dir: Path) -> BenchRows:
     """Postencode (float32 and uint8 payloads) vs the full HF processor on the same samples.
 
     Per sample, interleaved: our preencode (timed apart), our postencode with a float32 and with
-    a uint8 payload, and the Hugging Face processor call of DESIGN.md section 3. Rows give
+    a uint8 payload, and the Hugging Face processor call of docs/batch_contract.md. Rows give
     samples/s overall and per media class, pixel payload bytes, and the largest pixel difference.
     """
     from tqdm import tqdm
@@ -396,14 +396,15 @@ def worker_peak_rss(exclude: set[int]) -> int:
     """Largest ``VmHWM`` (bytes) among this process's child processes not in ``exclude``."""
     import psutil
 
+    from energon_pack.stats import peak_rss_bytes
+
     peak = 0
     for child in psutil.Process().children(recursive=True):
         if child.pid in exclude:
             continue
         try:
-            with open(f"/proc/{child.pid}/status", encoding="ascii") as status:
-                peak = max([peak] + [int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:")])
-        except OSError:  # the worker just exited
+            peak = max(peak, peak_rss_bytes(child.pid))
+        except psutil.NoSuchProcess:  # the worker just exited
             continue
     return peak
 
@@ -522,9 +523,9 @@ STAGES: tuple[str, ...] = ("preencode", "postencode", "loader")
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run ``args.stage`` ("all" = every stage in `STAGES`) on ``args.samples`` samples; print one table per stage."""
-    from energon_pack.demo import default_work_dir
+    from energon_pack.cache import cache_dir
 
-    work_dir = Path(args.out) if args.out is not None else default_work_dir("bench")
+    work_dir = Path(args.out) if args.out is not None else cache_dir("bench")
     stages = STAGES if args.stage == "all" else (args.stage,)
     for stage in stages:
         bench = BENCHES.get(stage)

@@ -3,7 +3,7 @@
 Everything here is plain Python (no torch) so that it can be imported cheaply by the
 CLI, by Energon worker processes and by training scripts before any GPU work starts.
 A configuration error fails fast, on construction, with a ``ValueError`` that names
-the offending value, the rule and the fix (DESIGN section 6).
+the offending value, the rule and the fix (docs/configuration.md).
 """
 
 from __future__ import annotations

@@ -7,22 +7,14 @@ the same continuation, and prints a report (rows, fill, samples/s, worker RSS, s
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from energon_pack.cache import cache_dir
 from energon_pack.tables import format_table
-
-
-def default_work_dir(name: str) -> Path:
-    """A per-user cache folder for generated data (``$ENERGON_PACK_CACHE`` overrides)."""
-    root = os.environ.get("ENERGON_PACK_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "energon_pack"
-    )
-    return Path(root) / name
 
 
 def ensure_synthetic_dataset(out_dir: Path, num_samples: int, seed: int = 0) -> Path:
@@ -49,7 +41,7 @@ def run_demo(*, out_dir: Path | None, num_samples: int, seq_length: int, num_wor
     from energon_pack.loader import get_packing_loader
     from energon_pack.qwen.processor import load_processor
 
-    work = out_dir or default_work_dir("demo")
+    work = out_dir or cache_dir("demo")
     print(f"energon-pack demo: data in {work}")
     dataset = ensure_synthetic_dataset(work, num_samples)
     processor = load_processor()

@@ -8,6 +8,7 @@ worker's statistics snapshot; ``batch`` turns it into the THD dict.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -15,7 +16,48 @@ from megatron.energon import Sample
 from megatron.energon.edataclass import edataclass
 
 from energon_pack.qwen.template import VideoTiming
-from energon_pack.thd import PackedSegment
+from energon_pack.visual import VisualInputs
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackedSegment:
+    """One encoded sample ready to be placed in a row; L = number of real tokens (>= 1).
+
+    input_ids: int64 [L]; labels: int64 [L], already-shifted next-token targets
+    (``labels[t] = input_ids[t+1]`` where there is loss, IGNORE_INDEX elsewhere);
+    loss_mask: float32 [L]; mrope_position_ids: int64 [3, L] (Qwen-VL t/h/w positions of the
+    unpacked sample); visual: the sample's pixels and grids; key: its source sample key.
+    """
+
+    key: str
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    mrope_position_ids: torch.Tensor
+    visual: VisualInputs
+    #: Energon subflavors of the source dataset (e.g. from a metadataset blend), or None.
+    subflavors: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_ids.dim() != 1 or self.input_ids.numel() == 0:
+            raise ValueError(
+                f"segment {self.key!r}: input_ids has shape {tuple(self.input_ids.shape)}, it must be 1-D "
+                "with at least one token; fix: pass the sample's token ids as a non-empty [L] tensor"
+            )
+        length = self.input_ids.numel()
+        expected = {"labels": (length,), "loss_mask": (length,), "mrope_position_ids": (3, length)}
+        for name, shape in expected.items():
+            actual = tuple(getattr(self, name).shape)
+            if actual != shape:
+                raise ValueError(
+                    f"segment {self.key!r}: {name} has shape {actual} but input_ids has {length} tokens, "
+                    f"so {name} must have shape {shape}; fix: build all per-token tensors from the same token list"
+                )
+
+    @property
+    def length(self) -> int:
+        """Number of real tokens L."""
+        return self.input_ids.numel()
 
 
 @edataclass

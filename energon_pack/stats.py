@@ -96,10 +96,14 @@ def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process (Linux ``VmHWM``; current RSS elsewhere)."""
+def peak_rss_bytes(pid: int | None = None) -> int:
+    """Peak resident set size in bytes of process ``pid`` (default: this one).
+
+    Linux ``VmHWM`` from ``/proc/<pid>/status``; current RSS (psutil) elsewhere. Raises
+    ``psutil.NoSuchProcess`` when the process is gone.
+    """
     try:
-        with open("/proc/self/status", encoding="ascii") as status:
+        with open(f"/proc/{'self' if pid is None else pid}/status", encoding="ascii") as status:
             for line in status:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
@@ -107,7 +111,7 @@ def peak_rss_bytes() -> int:
         pass
     import psutil
 
-    return int(psutil.Process().memory_info().rss)
+    return int(psutil.Process(pid).memory_info().rss)
 
 
 def worker_telemetry(buffered_bytes: Iterable[int], *, pending_samples: int) -> dict[str, int]:

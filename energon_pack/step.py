@@ -77,7 +77,7 @@ def to_device_batch(
     cp_rank: int = 0,
     split_for_cp: bool = False,
 ) -> dict[str, Any]:
-    """Move a packed row (DESIGN section 4) to ``device`` in the shape ``vlm_step`` consumes.
+    """Move a packed row (docs/batch_contract.md) to ``device`` in the shape ``vlm_step`` consumes.
 
     Keys follow Megatron-Bridge ``vlm_step.get_batch_from_iterator`` / ``get_batch``, so the
     result can be yielded straight into its data iterator:

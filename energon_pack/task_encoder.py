@@ -20,7 +20,7 @@ from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers.batch_dataset import BatchDataset
 
 from energon_pack.config import PackingConfig
-from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
+from energon_pack.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.wrapper import PendingGroupPackingDataset
 from energon_pack.qwen.geometry import (
@@ -32,11 +32,12 @@ from energon_pack.qwen.geometry import (
 )
 from energon_pack.qwen.media import probe_image, probe_video
 from energon_pack.qwen.pixels import image_pixels, video_pixels
-from energon_pack.qwen.processor import load_processor, processor_family
+from energon_pack.qwen.family import processor_family
+from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
 from energon_pack.qwen.template import ChatMarkers, VideoTiming, tokenize_conversation
 from energon_pack.samples import QwenVLChatSample
-from energon_pack.thd import PackedSegment, build_thd_row, collate_rows
+from energon_pack.thd import build_thd_row, collate_rows
 from energon_pack.visual import VisualInputs
 
 # Forked Energon workers must not share the tokenizer's Rust thread pool.
@@ -68,7 +69,7 @@ def default_rope_spec(processor: Any) -> RopeSpec:
 
 
 class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
-    """Packs Qwen-VL chat samples into fixed-width THD rows (see DESIGN.md sections 2-5).
+    """Packs Qwen-VL chat samples into fixed-width THD rows (docs/batch_contract.md, docs/state_contract.md).
 
     ``processor``: a Qwen-VL processor (``load_processor()`` when None); its pixel limits
     decide token counts. ``rope_spec``: rope constants (from the model config when known;
@@ -199,7 +200,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
 
     @stateless
     def batch(self, rows: list[PackedRow]) -> dict:
-        """One THD row (DESIGN.md section 4) from a micro-batch of exactly one packed row."""
+        """One THD row (docs/batch_contract.md) from a micro-batch of exactly one packed row."""
         return collate_rows([self._thd_row(row) for row in rows])
 
     def _thd_row(self, row: PackedRow) -> dict:

@@ -1,4 +1,4 @@
-"""THD row assembly: several encoded samples -> one fixed-width packed row (DESIGN section 4).
+"""THD row assembly: several encoded samples -> one fixed-width packed row (docs/batch_contract.md).
 
 Layout of a row of width W with alignment multiple m: segment i occupies
 ``ceil(len_i / m) * m`` physical slots starting at ``cu_seqlens_q_padded[i]``; its real
@@ -9,59 +9,16 @@ the fixed-width tail, so ``cu_seqlens_q_padded[-1] == W``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from energon_pack.encoded import PackedSegment
 from energon_pack.packing.algorithms import aligned_length
+from energon_pack.qwen.template import IGNORE_INDEX
 from energon_pack.visual import VisualInputs
 
-__all__ = ["IGNORE_INDEX", "PackedSegment", "aligned_length", "build_thd_row", "collate_rows"]
-
-#: Label value that the loss ignores (gaps, segment ends, non-assistant tokens).
-IGNORE_INDEX = -100
-
-
-@dataclass(frozen=True, kw_only=True)
-class PackedSegment:
-    """One encoded sample ready to be placed in a row; L = number of real tokens (>= 1).
-
-    input_ids: int64 [L]; labels: int64 [L], already-shifted next-token targets
-    (``labels[t] = input_ids[t+1]`` where there is loss, IGNORE_INDEX elsewhere);
-    loss_mask: float32 [L]; mrope_position_ids: int64 [3, L] (Qwen-VL t/h/w positions of the
-    unpacked sample); visual: the sample's pixels and grids; key: its source sample key.
-    """
-
-    key: str
-    input_ids: torch.Tensor
-    labels: torch.Tensor
-    loss_mask: torch.Tensor
-    mrope_position_ids: torch.Tensor
-    visual: VisualInputs
-    #: Energon subflavors of the source dataset (e.g. from a metadataset blend), or None.
-    subflavors: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if self.input_ids.dim() != 1 or self.input_ids.numel() == 0:
-            raise ValueError(
-                f"segment {self.key!r}: input_ids has shape {tuple(self.input_ids.shape)}, it must be 1-D "
-                "with at least one token; fix: pass the sample's token ids as a non-empty [L] tensor"
-            )
-        length = self.input_ids.numel()
-        expected = {"labels": (length,), "loss_mask": (length,), "mrope_position_ids": (3, length)}
-        for name, shape in expected.items():
-            actual = tuple(getattr(self, name).shape)
-            if actual != shape:
-                raise ValueError(
-                    f"segment {self.key!r}: {name} has shape {actual} but input_ids has {length} tokens, "
-                    f"so {name} must have shape {shape}; fix: build all per-token tensors from the same token list"
-                )
-
-    @property
-    def length(self) -> int:
-        """Number of real tokens L."""
-        return self.input_ids.numel()
+__all__ = ["build_thd_row", "collate_rows"]
 
 
 def build_thd_row(
@@ -75,7 +32,7 @@ def build_thd_row(
 ) -> dict[str, Any]:
     """Pack ``segments`` (in order) into one THD row of width W = seq_length, micro-batch size 1.
 
-    Returns the DESIGN section 4 dict: input_ids/labels/position_ids int64 [1, W], loss_mask
+    Returns the docs/batch_contract.md dict: input_ids/labels/position_ids int64 [1, W], loss_mask
     float32 [1, W], mrope_position_ids int64 [3, 1, W], attention_mask None, padding_mask bool
     [1, W], cu_seqlens_{q,kv}(_padded) int32 [n+1], max_seqlen_{q,kv} int32 0-dim,
     total_tokens W, visual_inputs, __keys__.

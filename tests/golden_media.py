@@ -7,7 +7,7 @@ as compressed bytes. The mix covers text-only chats, 1-5 images per sample from 
 multiples of the family's resize factor), 1-20 s videos at 10-60 fps with small frames, system
 prompts and several rounds. Big images are rare so that Hugging Face processing stays fast.
 
-``hf_reference(processor, messages, images, videos)`` is the reference call of DESIGN.md section 3.
+``hf_reference(processor, messages, images, videos)`` is the reference call of docs/batch_contract.md.
 ``chat_sample(golden, key)`` wraps a golden sample as the ``QwenVLChatSample`` preencode consumes.
 """
 
@@ -207,7 +207,7 @@ def chat_sample(golden: GoldenSample, key: str) -> QwenVLChatSample:
 
 
 def hf_reference(processor: Any, messages: list[Message], images: list[bytes], videos: list[bytes]) -> Any:
-    """The Hugging Face processor output for one chat, called exactly as DESIGN.md section 3 says:
+    """The Hugging Face processor output for one chat, called exactly as docs/batch_contract.md says:
     ``processor(text=[processor.apply_chat_template(messages)], images=[PIL images] or None,
     videos=[PyAV rgb24 frames at the sampled indices], video_metadata=[VideoMetadata(T, fps_in,
     indices)], do_sample_frames=False, return_tensors="pt")`` (``energon_pack.bench.hf_processor_outputs``)."""

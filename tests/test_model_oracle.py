@@ -70,7 +70,7 @@ def _message(role: str, *parts: Any) -> dict[str, Any]:
 
 IMAGE, VIDEO = {"type": "image"}, {"type": "video"}
 
-# Frame indices (DESIGN section 3): n = T / fps * 2 clamped to [4, T], floored to even,
+# Frame indices (docs/batch_contract.md): n = T / fps * 2 clamped to [4, T], floored to even,
 # indices round(linspace(0, T - 1, n)).
 #  10 frames at 4 fps: n = 5 -> 4 frames, linspace(0, 9, 4) = 0, 3, 6, 9; second_per_grid_ts =
 #  2 / (4 / 10 * 4) = 1.25, so the two temporal grid steps sit at long(i * 2 * 1.25) = 0, 2.
@@ -173,7 +173,7 @@ def _decode_frames(data: bytes, indices: tuple[int, ...]) -> np.ndarray:
 
 
 def _reference_inputs(processor: Any, case: Case, media: Media) -> Any:
-    """The HF processor's inputs for ``case`` alone (DESIGN section 3 reference call)."""
+    """The HF processor's inputs for ``case`` alone (docs/batch_contract.md reference call)."""
     kwargs: dict[str, Any] = {}
     if media.images:
         kwargs["images"] = [Image.open(io.BytesIO(data)) for data in media.images]

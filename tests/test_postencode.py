@@ -1,8 +1,8 @@
 """Pixel path (postencode): equal to the Hugging Face processor, uint8 payload, bad media skipped.
 
 * For a 500-sample mix per family (``tests.golden_media``), preencode + postencode give the
-  same ``pixel_values`` / ``pixel_values_videos`` / grids as the HF processor called as DESIGN
-  section 3 says (max abs difference <= 1e-6; measured: exactly 0).
+  same ``pixel_values`` / ``pixel_values_videos`` / grids as the HF processor called as
+  docs/batch_contract.md says (max abs difference <= 1e-6; measured: exactly 0).
 * The uint8 payload, normalised by each device-side route, equals the float32 payload and its
   pixel tensors are exactly 4x smaller.
 * Truncated images and cut videos are counted skips (the loader carries on); a header that

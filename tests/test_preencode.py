@@ -1,6 +1,6 @@
 """Preencode: exact token accounting from media headers, checked against the Hugging Face processor.
 
-The reference is ``tests.golden_media.hf_reference`` (DESIGN.md section 3). Loss targets are
+The reference is ``tests.golden_media.hf_reference`` (docs/batch_contract.md). Loss targets are
 checked against assistant spans found here by decoding ChatML turns, a method independent of
 ``energon_pack.qwen.template``.
 """
@@ -95,7 +95,7 @@ def assistant_turns(ids: list[int], tokenizer) -> list[tuple[int, int, bool]]:
 
 
 def check_targets(prepared: PreparedSample, hf_ids: torch.Tensor, messages: list[dict], tokenizer) -> None:
-    """labels/loss_mask follow DESIGN.md section 3 for the assistant spans found by decoding."""
+    """labels/loss_mask follow docs/batch_contract.md for the assistant spans found by decoding."""
     ids = hf_ids.tolist()
     turns = assistant_turns(ids, tokenizer)
     answers = [m for m in messages if m["role"] == "assistant"]
@@ -429,7 +429,7 @@ def test_prepared_sample_holds_compressed_media_and_tokens_only(encoder, small_m
 
 
 def test_preencode_equals_hf_processor_with_custom_limits(small_mix):
-    """Limits set through load_processor reach both preencode and the processor (DESIGN.md section 3)."""
+    """Limits set through load_processor reach both preencode and the processor (docs/batch_contract.md)."""
     from energon_pack.qwen.processor import load_processor
 
     processor = load_processor(min_pixels=28 * 28 * 16, max_pixels=28 * 28 * 256, max_frames=8)

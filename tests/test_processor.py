@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from energon_pack.qwen.family import processor_family
 from energon_pack.qwen.processor import (
     FIRST_SPECIAL_ID,
     QWEN_ADDED_TOKENS,
     load_processor,
-    processor_family,
     qwen_rank_file,
     read_tiktoken_ranks,
 )

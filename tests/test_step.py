@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energon_pack.step import PACKED_SEQ_FIELDS, thd_partition_indices, to_device_batch
-from energon_pack.thd import IGNORE_INDEX, PackedSegment, build_thd_row
+from energon_pack.encoded import PackedSegment
+from energon_pack.qwen.template import IGNORE_INDEX
+from energon_pack.thd import build_thd_row
 from energon_pack.visual import VisualInputs, normalize_patches
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

@@ -1,4 +1,4 @@
-"""THD row assembly (DESIGN section 4): golden rows, invariants, errors, visual concat."""
+"""THD row assembly (docs/batch_contract.md): golden rows, invariants, errors, visual concat."""
 
 from __future__ import annotations
 
@@ -7,13 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack.thd import (
-    IGNORE_INDEX,
-    PackedSegment,
-    aligned_length,
-    build_thd_row,
-    collate_rows,
-)
+from energon_pack.encoded import PackedSegment
+from energon_pack.packing.algorithms import aligned_length
+from energon_pack.qwen.template import IGNORE_INDEX
+from energon_pack.thd import build_thd_row, collate_rows
 from energon_pack.visual import VisualInputs
 
 PAD = 151643

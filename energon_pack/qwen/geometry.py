@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
+from energon_pack.qwen.family import FAMILIES, Family, processor_family
 from energon_pack.qwen.media import BadMediaError
-
-Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl"]
-FAMILIES: tuple[str, ...] = get_args(Family)
 
 MAX_ASPECT_RATIO = 200
 """HF smart_resize rejects images/frames whose long/short side ratio exceeds this."""
@@ -31,15 +29,6 @@ DEFAULT_MIN_FRAMES = 4
 
 DEFAULT_MAX_FRAMES = 768
 """qwen-vl-utils ``FPS_MAX_FRAMES``."""
-
-# Processor classes (matched by name along the MRO, so subclasses count) -> family.
-_PROCESSOR_FAMILIES = {
-    "Qwen2VLProcessor": "qwen2-vl",
-    "Qwen2_5_VLProcessor": "qwen2.5-vl",
-    "Qwen3VLProcessor": "qwen3-vl",
-}
-_QWEN3_VIDEO_PROCESSOR = "Qwen3VLVideoProcessor"
-
 
 @dataclass(frozen=True, kw_only=True)
 class VisionSpec:
@@ -132,7 +121,7 @@ class VisionSpec:
         min_frames = getattr(video_proc, "min_frames", None)
         max_frames = getattr(video_proc, "max_frames", None)
         return cls(
-            family=family or _detect_family(processor, video_proc),
+            family=family or processor_family(processor),
             patch_size=image_proc.patch_size,
             merge_size=image_proc.merge_size,
             temporal_patch_size=image_proc.temporal_patch_size,
@@ -158,18 +147,6 @@ def _pixel_limits(proc: Any, role: str) -> tuple[int, int]:
             "set size={'shortest_edge': MIN_PIXELS, 'longest_edge': MAX_PIXELS}."
         )
     return int(low), int(high)
-
-
-def _detect_family(processor: Any, video_proc: Any) -> Family:
-    for klass in type(processor).__mro__:
-        if klass.__name__ in _PROCESSOR_FAMILIES:
-            return _PROCESSOR_FAMILIES[klass.__name__]
-    if any(klass.__name__ == _QWEN3_VIDEO_PROCESSOR for klass in type(video_proc).__mro__):
-        return "qwen3-vl"
-    raise ValueError(
-        f"cannot tell the Qwen-VL family of {type(processor).__name__} with video processor "
-        f"{type(video_proc).__name__}; pass family= one of {FAMILIES}."
-    )
 
 
 def _check_aspect_ratio(height: int | float, width: int | float) -> None:

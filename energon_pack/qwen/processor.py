@@ -15,10 +15,10 @@ import hashlib
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl"]
-FAMILIES: tuple[str, ...] = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
+from energon_pack.cache import cache_dir
+from energon_pack.qwen.family import FAMILIES, Family
 
 # Pre-tokenizer split pattern of the Qwen2 tokenizer (digits are split one by one).
 QWEN2_SPLIT_PATTERN = (
@@ -108,13 +108,6 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-def _tokenizer_cache_dir() -> Path:
-    root = os.environ.get("ENERGON_PACK_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "energon_pack"
-    )
-    return Path(root) / "tokenizers"
-
-
 def _build_tokenizer_json(rank_file: Path) -> str:
     """Convert the rank file into a Hugging Face ``tokenizer.json`` string (slow: ~10 s)."""
     from tokenizers import normalizers
@@ -133,7 +126,7 @@ def _build_tokenizer_json(rank_file: Path) -> str:
 def _tokenizer_json(rank_file: Path) -> str:
     """The converted tokenizer, cached on disk keyed by the rank file's content hash."""
     digest = hashlib.sha256(rank_file.read_bytes()).hexdigest()[:16]
-    cached = _tokenizer_cache_dir() / f"qwen2-bpe-{digest}.json"
+    cached = cache_dir("tokenizers") / f"qwen2-bpe-{digest}.json"
     if cached.exists():
         return cached.read_text(encoding="utf-8")
     text = _build_tokenizer_json(rank_file)
@@ -271,21 +264,3 @@ def load_processor(
         processor.energon_pack_model_config = _model_config_or_none(path)
     _apply_pixel_limits(processor, min_pixels=min_pixels, max_pixels=max_pixels, max_frames=max_frames)
     return processor
-
-
-def processor_family(processor: Any) -> str:
-    """The Qwen-VL family of a processor object, from its class name.
-
-    Example: a ``Qwen2_5_VLProcessor`` -> ``"qwen2.5-vl"``.
-    """
-    name = type(processor).__name__
-    if name.startswith("Qwen3VL"):
-        return "qwen3-vl"
-    if name.startswith("Qwen2_5_VL"):
-        return "qwen2.5-vl"
-    if name.startswith("Qwen2VL"):
-        return "qwen2-vl"
-    raise ValueError(
-        f"processor class {name} is not a Qwen-VL processor; pass a Qwen2-VL, Qwen2.5-VL or "
-        "Qwen3-VL processor (load_processor() builds one offline)"
-    )

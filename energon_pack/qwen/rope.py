@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-RopeFamily = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl"]
+from energon_pack.qwen.family import FAMILIES, Family
 
-_FAMILY_BY_MODEL_TYPE: dict[str, RopeFamily] = {
+_FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
     "qwen2_vl": "qwen2-vl",
     "qwen2_5_vl": "qwen2.5-vl",
     "qwen3_vl": "qwen3-vl",
@@ -45,17 +45,17 @@ class RopeSpec:
     only (2 for the released checkpoints), must be None for other families.
     """
 
-    family: RopeFamily
+    family: Family
     spatial_merge_size: int = 2
     tokens_per_second: float | None = None
     image_token_id: int = 151655
     video_token_id: int = 151656
 
     def __post_init__(self) -> None:
-        if self.family not in _FAMILY_BY_MODEL_TYPE.values():
+        if self.family not in FAMILIES:
             raise ValueError(
                 f"RopeSpec.family={self.family!r} is not supported; use one of "
-                f"{sorted(set(_FAMILY_BY_MODEL_TYPE.values()))}."
+                f"{sorted(FAMILIES)}."
             )
         if self.spatial_merge_size < 1:
             raise ValueError(

@@ -17,6 +17,7 @@ import numpy as np
 
 from energon_pack.errors import BadSampleError
 
+#: Label value that the loss ignores (gaps, segment ends, non-assistant tokens).
 IGNORE_INDEX = -100
 
 

@@ -13,20 +13,26 @@ import difflib
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import yaml
 
-from energon_pack.packing.algorithms import aligned_length
+from energon_pack.alignment import aligned_length
 
 __all__ = [
+    "CONFIG_PARTS",
     "OVERLONG_POLICIES",
     "PIXEL_DTYPES",
+    "ConfigError",
+    "LoaderOptions",
     "PackingConfig",
+    "PackingPolicy",
     "ParallelTopology",
     "ResumeMismatchError",
+    "RowLayout",
+    "TrainerSettings",
     "check_resume_fingerprint",
     "check_training_compat",
     "fingerprint_mismatches",
@@ -146,11 +152,19 @@ def _cuda_graph_problem(name: str, *, fixed_width: bool, pad_cu_seqlens: bool) -
     )
 
 
+class ConfigError(ValueError):
+    """An invalid configuration; ``problems`` holds one line per violated rule (value, rule, fix)."""
+
+    def __init__(self, what: str, problems: list[str]) -> None:
+        super().__init__(f"invalid {what}:\n  - " + "\n  - ".join(problems))
+        self.problems = problems
+
+
 def _raise_if_problems(what: str, problems: Iterable[str | None]) -> None:
-    """Raise one ValueError listing every non-None problem line, if any."""
+    """Raise one ConfigError listing every non-None problem line, if any."""
     lines = [p for p in problems if p is not None]
     if lines:
-        raise ValueError(f"invalid {what}:\n  - " + "\n  - ".join(lines))
+        raise ConfigError(what, lines)
 
 
 def _unknown_key_problem(what: str, keys: Iterable[Any], valid: Iterable[str]) -> str | None:
@@ -239,14 +253,22 @@ class ParallelTopology:
         return cls(**data)
 
 
-# --------------------------------------------------------------------------- packing config
+# --------------------------------------------------------------------------- config parts
+# Each part is a frozen keyword-only dataclass validated on construction. A field whose value
+# does not change the rows a loader yields is marked ``_NOT_FINGERPRINTED``; every other field
+# of the row layout, packing policy and loader options enters the resume fingerprint by itself.
+
+_NOT_FINGERPRINTED = {"fingerprint": False}
+
+
+def _fingerprint_fields(part: Any) -> dict[str, Any]:
+    """The part's fields that exact resume depends on (those not marked ``_NOT_FINGERPRINTED``)."""
+    return {f.name: getattr(part, f.name) for f in dataclasses.fields(part) if f.metadata.get("fingerprint", True)}
 
 
 @dataclass(frozen=True, kw_only=True)
-class PackingConfig:
-    """All packing and loader knobs, validated on construction (ValueError listing every problem).
-
-    Widths and multiples are in tokens.
+class RowLayout:
+    """How a packed row is laid out; widths and multiples are in tokens.
 
     seq_length: row width W (physical tokens per packed row).
     topology: parallel layout; derives the default alignment multiple.
@@ -256,52 +278,37 @@ class PackingConfig:
     fixed_width: every row is exactly ``seq_length`` wide (tail padded).
     pad_cu_seqlens: cu_seqlens tensors have fixed length ``max_segments + 1`` (CUDA graphs).
     max_segments: most segments (samples) per row; None = unbounded.
-    buffer_size: samples in the packing (reading) buffer.
-    max_wait_rounds: most buffer rounds an under-filled bin is held back as a pending group.
-    min_fill: fill fraction in (0, 1] at which a bin is emitted without waiting.
-    on_overlong: a sample longer than ``seq_length`` after alignment is skipped (counted) or raises.
     pixel_dtype: dtype of the emitted pixel tensors ("uint8" defers normalisation to the GPU).
-    num_workers: Energon DataLoader worker processes per rank (0 = in the main process).
-    repeat: loop over the dataset forever (training) or one finite epoch.
-    shuffle_buffer_size / max_samples_per_sequence: Energon shuffling knobs (None = Energon default).
-    seed: shuffle seed.
-    micro_batch_size: must be 1 (one packed row per micro-batch).
-    global_batch_size: samples (rows) per optimizer step, checked against ``topology.dp``.
-    mtp_num_layers: must be 0 (multi-token prediction is rejected).
-    cuda_graphs: the trainer captures CUDA graphs (needs fixed_width and pad_cu_seqlens).
-    allow_inexact_resume: restore a loader state saved under a different fingerprint anyway.
     """
 
     seq_length: int
-    topology: ParallelTopology = field(default_factory=ParallelTopology)
-    pad_to_multiple_of: int | None = None
+    #: Enters the fingerprint through ``pad_multiple``.
+    topology: ParallelTopology = field(default_factory=ParallelTopology, metadata=_NOT_FINGERPRINTED)
+    pad_to_multiple_of: int | None = field(default=None, metadata=_NOT_FINGERPRINTED)
     width_multiple: int | None = None
     fixed_width: bool = True
     pad_cu_seqlens: bool = False
     max_segments: int | None = None
-    buffer_size: int = 16
-    max_wait_rounds: int = 4
-    min_fill: float = 0.99
-    on_overlong: Literal["skip", "error"] = "skip"
     pixel_dtype: Literal["float32", "uint8"] = "float32"
-    num_workers: int = 2
-    repeat: bool = True
-    shuffle_buffer_size: int | None = None
-    max_samples_per_sequence: int | None = None
-    seed: int = 42
-    micro_batch_size: int = 1
-    global_batch_size: int | None = None
-    mtp_num_layers: int = 0
-    cuda_graphs: bool = False
-    allow_inexact_resume: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
-            object.__setattr__(self, "min_fill", float(self.min_fill))
-        _raise_if_problems("PackingConfig", self._problems())
+        _raise_if_problems(type(self).__name__, self.problems())
 
-    def _problems(self) -> Iterable[str | None]:
-        """Yield one line per violated rule (None for rules that hold)."""
+    @property
+    def pad_multiple(self) -> int:
+        """Per-segment alignment in tokens: ``pad_to_multiple_of`` if given, else ``topology.pad_multiple``.
+
+        Example: ``RowLayout(seq_length=8192, topology=ParallelTopology(tp=4, sp=True))``
+        -> ``pad_multiple == 4``.
+        """
+        return self.topology.pad_multiple if self.pad_to_multiple_of is None else self.pad_to_multiple_of
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Resume-relevant values, the alignment multiple instead of the topology that derives it."""
+        return {**_fingerprint_fields(self), "pad_multiple": self.pad_multiple}
+
+    def problems(self) -> Iterator[str | None]:
+        """One line per violated rule (None for rules that hold)."""
         topology_ok = isinstance(self.topology, ParallelTopology)
         if not topology_ok:
             yield (
@@ -310,8 +317,7 @@ class PackingConfig:
             )
         yield from self._width_problems(topology_ok)
         yield _int_problem("max_segments", self.max_segments, minimum=1, optional=True)
-        flags = ("fixed_width", "pad_cu_seqlens", "repeat", "cuda_graphs", "allow_inexact_resume")
-        for name in flags:
+        for name in ("fixed_width", "pad_cu_seqlens"):
             yield _bool_problem(name, getattr(self, name))
         if self.pad_cu_seqlens is True and (self.fixed_width is not True or self.max_segments is None):
             yield (
@@ -320,31 +326,9 @@ class PackingConfig:
                 "cu_seqlens tensors are padded to length max_segments + 1; fix: set fixed_width: "
                 "true and max_segments: N (e.g. 64), or pad_cu_seqlens: false"
             )
-        yield _int_problem("buffer_size", self.buffer_size, minimum=1)
-        yield _int_problem("max_wait_rounds", self.max_wait_rounds, minimum=0)
-        if not isinstance(self.min_fill, float) or not 0.0 < self.min_fill <= 1.0:  # bools are not floats
-            yield (
-                f"min_fill={self.min_fill!r}: must be a number in (0, 1] (fraction of seq_length); "
-                "fix: set min_fill to e.g. 0.99"
-            )
-        yield _choice_problem("on_overlong", self.on_overlong, OVERLONG_POLICIES)
         yield _choice_problem("pixel_dtype", self.pixel_dtype, PIXEL_DTYPES)
-        yield _int_problem("num_workers", self.num_workers, minimum=0)
-        yield _int_problem("shuffle_buffer_size", self.shuffle_buffer_size, minimum=1, optional=True)
-        yield _int_problem(
-            "max_samples_per_sequence", self.max_samples_per_sequence, minimum=1, optional=True
-        )
-        yield _int_problem("seed", self.seed, minimum=0)
-        yield _micro_batch_problem("micro_batch_size", self.micro_batch_size)
-        if topology_ok:
-            yield _global_batch_problem("global_batch_size", self.global_batch_size, self.topology.dp)
-        yield _mtp_problem("mtp_num_layers", self.mtp_num_layers)
-        if self.cuda_graphs is True:
-            yield _cuda_graph_problem(
-                "cuda_graphs", fixed_width=self.fixed_width, pad_cu_seqlens=self.pad_cu_seqlens
-            )
 
-    def _width_problems(self, topology_ok: bool) -> Iterable[str | None]:
+    def _width_problems(self, topology_ok: bool) -> Iterator[str | None]:
         """Rules on seq_length, pad_to_multiple_of and width_multiple (skipping ones with bad inputs)."""
         seq_problem = _int_problem("seq_length", self.seq_length, minimum=1)
         pad_problem = _int_problem("pad_to_multiple_of", self.pad_to_multiple_of, minimum=1, optional=True)
@@ -381,24 +365,175 @@ class PackingConfig:
                 f"{_next_multiple(self.seq_length, both)}"
             )
 
+
+@dataclass(frozen=True, kw_only=True)
+class PackingPolicy:
+    """How the packing stage chooses bins.
+
+    buffer_size: samples in the packing (reading) buffer.
+    max_wait_rounds: most buffer rounds an under-filled bin is held back as a pending group.
+    min_fill: fill fraction in (0, 1] at which a bin is emitted without waiting.
+    on_overlong: a sample longer than ``seq_length`` after alignment is skipped (counted) or raises.
+    """
+
+    buffer_size: int = 16
+    max_wait_rounds: int = 4
+    min_fill: float = 0.99
+    on_overlong: Literal["skip", "error"] = "skip"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
+            object.__setattr__(self, "min_fill", float(self.min_fill))
+        _raise_if_problems(type(self).__name__, self.problems())
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Resume-relevant values."""
+        return _fingerprint_fields(self)
+
+    def problems(self) -> Iterator[str | None]:
+        """One line per violated rule (None for rules that hold)."""
+        yield _int_problem("buffer_size", self.buffer_size, minimum=1)
+        yield _int_problem("max_wait_rounds", self.max_wait_rounds, minimum=0)
+        if not isinstance(self.min_fill, float) or not 0.0 < self.min_fill <= 1.0:  # bools are not floats
+            yield (
+                f"min_fill={self.min_fill!r}: must be a number in (0, 1] (fraction of seq_length); "
+                "fix: set min_fill to e.g. 0.99"
+            )
+        yield _choice_problem("on_overlong", self.on_overlong, OVERLONG_POLICIES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions:
+    """How Energon reads the data.
+
+    num_workers: Energon DataLoader worker processes per rank (0 = in the main process).
+    repeat: loop over the dataset forever (training) or one finite epoch.
+    shuffle_buffer_size / max_samples_per_sequence: Energon shuffling knobs (None = Energon default).
+    seed: shuffle seed.
+    allow_inexact_resume: restore a loader state saved under a different fingerprint anyway.
+    """
+
+    num_workers: int = 2
+    repeat: bool = True
+    shuffle_buffer_size: int | None = None
+    max_samples_per_sequence: int | None = None
+    seed: int = 42
+    allow_inexact_resume: bool = field(default=False, metadata=_NOT_FINGERPRINTED)
+
+    def __post_init__(self) -> None:
+        _raise_if_problems(type(self).__name__, self.problems())
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Resume-relevant values."""
+        return _fingerprint_fields(self)
+
+    def problems(self) -> Iterator[str | None]:
+        """One line per violated rule (None for rules that hold)."""
+        yield _int_problem("num_workers", self.num_workers, minimum=0)
+        for name in ("repeat", "allow_inexact_resume"):
+            yield _bool_problem(name, getattr(self, name))
+        yield _int_problem("shuffle_buffer_size", self.shuffle_buffer_size, minimum=1, optional=True)
+        yield _int_problem("max_samples_per_sequence", self.max_samples_per_sequence, minimum=1, optional=True)
+        yield _int_problem("seed", self.seed, minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerSettings:
+    """The trainer's settings as a config file declares them; packing never reads them.
+
+    They are checked, on ``PackingConfig`` construction, by the trainer-side rules of
+    ``check_training_compat`` (micro-batch size 1, ``global_batch_size`` vs ``topology.dp``,
+    no MTP, CUDA graphs need fixed shapes).
+    """
+
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    mtp_num_layers: int = 0
+    cuda_graphs: bool = False
+
+
+# --------------------------------------------------------------------------- packing config
+
+#: The parts of a PackingConfig, by attribute name, in serialisation order.
+CONFIG_PARTS: dict[str, type] = {
+    "row": RowLayout,
+    "policy": PackingPolicy,
+    "loader": LoaderOptions,
+    "trainer": TrainerSettings,
+}
+#: Flat key (as in YAML files and keyword arguments) -> the part that holds it.
+_PART_OF_KEY: dict[str, str] = {f.name: part for part, cls in CONFIG_PARTS.items() for f in dataclasses.fields(cls)}
+
+
+@dataclass(frozen=True, init=False)
+class PackingConfig:
+    """Every packing and loader knob, in parts, validated on construction (one ValueError listing
+    every problem).
+
+    Parts: ``row`` (:class:`RowLayout`: what a row looks like), ``policy``
+    (:class:`PackingPolicy`: how bins are chosen), ``loader`` (:class:`LoaderOptions`: how Energon
+    reads), ``trainer`` (:class:`TrainerSettings`: declared trainer settings, checked only).
+    The row builder and the packing stage receive their parts whole; the resume fingerprint is
+    derived from the parts.
+
+    Build it from flat keys, each routed to its part (the YAML form):
+    ``PackingConfig(seq_length=8192, buffer_size=16, topology=ParallelTopology(tp=1, cp=1),
+    num_workers=2, repeat=False)``, or from parts: ``PackingConfig(row=RowLayout(seq_length=8192))``
+    (flat keys given with a part override that part's fields). Every flat key is also readable
+    as an attribute: ``config.buffer_size == config.policy.buffer_size``.
+    """
+
+    row: RowLayout
+    policy: PackingPolicy
+    loader: LoaderOptions
+    trainer: TrainerSettings
+
+    def __init__(
+        self,
+        *,
+        row: RowLayout | None = None,
+        policy: PackingPolicy | None = None,
+        loader: LoaderOptions | None = None,
+        trainer: TrainerSettings | None = None,
+        **flat: Any,
+    ) -> None:
+        unknown = _unknown_key_problem("PackingConfig", flat.keys(), _PART_OF_KEY)
+        if unknown:
+            raise TypeError(f"{unknown}; fix: remove or rename the unknown key(s)")
+        given = {"row": row, "policy": policy, "loader": loader, "trainer": trainer}
+        problems: list[str] = []
+        for name, cls in CONFIG_PARTS.items():
+            values = {key: value for key, value in flat.items() if _PART_OF_KEY[key] == name}
+            try:
+                part = cls(**values) if given[name] is None else dataclasses.replace(given[name], **values)
+            except ConfigError as err:
+                problems += err.problems
+                part = None
+            object.__setattr__(self, name, part)
+        problems += filter(None, _trainer_problems(
+            self.row,
+            micro_batch_size=self.trainer.micro_batch_size,
+            global_batch_size=self.trainer.global_batch_size,
+            data_parallel_size=None,
+            mtp_num_layers=self.trainer.mtp_num_layers,
+            cuda_graphs=self.trainer.cuda_graphs,
+        ))
+        _raise_if_problems("PackingConfig", problems)
+
     @property
     def pad_multiple(self) -> int:
-        """Per-segment alignment in tokens: ``pad_to_multiple_of`` if given, else ``topology.pad_multiple``.
-
-        Example: ``PackingConfig(seq_length=8192, topology=ParallelTopology(tp=4, sp=True))``
-        -> ``pad_multiple == 4``.
-        """
-        return self.topology.pad_multiple if self.pad_to_multiple_of is None else self.pad_to_multiple_of
+        """Per-segment alignment in tokens (:attr:`RowLayout.pad_multiple`)."""
+        return self.row.pad_multiple
 
     # ----------------------------------------------------------------------- (de)serialisation
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain mapping of every field; ``topology`` is a nested mapping."""
-        return dataclasses.asdict(self)
+        """Flat mapping of every field, part after part; ``topology`` is a nested mapping."""
+        return {key: value for name in CONFIG_PARTS for key, value in dataclasses.asdict(getattr(self, name)).items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PackingConfig:
-        """Build from a mapping (as loaded from YAML); unknown or missing keys raise ValueError.
+        """Build from a flat mapping (as loaded from YAML); unknown or missing keys raise ValueError.
 
         Example: ``PackingConfig.from_dict({"seq_length": 4096, "topology": {"cp": 2}}).pad_multiple`` -> 4.
         """
@@ -409,12 +544,14 @@ class PackingConfig:
             )
         topology = data.get("topology")
         _raise_if_unknown_keys([
-            _unknown_key_problem("PackingConfig", data.keys(), _field_names(cls)),
+            _unknown_key_problem("PackingConfig", data.keys(), _PART_OF_KEY),
             _unknown_key_problem("topology", topology.keys(), _field_names(ParallelTopology))
             if isinstance(topology, Mapping) else None,
         ])
-        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-                    and f.default_factory is dataclasses.MISSING]
+        required = [
+            f.name for part in CONFIG_PARTS.values() for f in dataclasses.fields(part)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         missing = [name for name in required if name not in data]
         if missing:
             raise ValueError(
@@ -457,29 +594,21 @@ class PackingConfig:
     # ----------------------------------------------------------------------- resume fingerprint
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fields exact resume depends on, as plain JSON-able values.
+        """The values exact resume depends on, as plain JSON-able values: those of the row layout,
+        the packing policy and the loader options (not the declared trainer settings).
 
         The loader extends this dict (world size, processor identity, pixel limits, ...)
         before storing it in the loader state; ``check_resume_fingerprint`` compares two.
         """
-        return {
-            "seq_length": self.seq_length,
-            "pad_multiple": self.pad_multiple,
-            "width_multiple": self.width_multiple,
-            "buffer_size": self.buffer_size,
-            "max_wait_rounds": self.max_wait_rounds,
-            "min_fill": self.min_fill,
-            "max_segments": self.max_segments,
-            "pad_cu_seqlens": self.pad_cu_seqlens,
-            "fixed_width": self.fixed_width,
-            "num_workers": self.num_workers,
-            "shuffle_buffer_size": self.shuffle_buffer_size,
-            "max_samples_per_sequence": self.max_samples_per_sequence,
-            "seed": self.seed,
-            "pixel_dtype": self.pixel_dtype,
-            "on_overlong": self.on_overlong,
-            "repeat": self.repeat,
-        }
+        return {**self.row.fingerprint(), **self.policy.fingerprint(), **self.loader.fingerprint()}
+
+
+def _part_field(part: str, name: str) -> property:
+    return property(lambda self: getattr(getattr(self, part), name), doc=f"``{part}.{name}``")
+
+
+for _key, _part in _PART_OF_KEY.items():
+    setattr(PackingConfig, _key, _part_field(_part, _key))
 
 
 # --------------------------------------------------------------------------- resume check
@@ -534,6 +663,52 @@ def check_resume_fingerprint(
 # --------------------------------------------------------------------------- trainer-side rules
 
 
+def _trainer_problems(
+    row: RowLayout | None,
+    *,
+    micro_batch_size: Any,
+    global_batch_size: Any,
+    data_parallel_size: Any,
+    mtp_num_layers: Any,
+    cuda_graphs: Any,
+    pipeline_model_parallel_size: Any = 1,
+    finetune: bool = False,
+    calculate_per_token_loss: Any = None,
+    average_in_collective: Any = None,
+) -> Iterator[str | None]:
+    """The trainer-side rules for packed rows: one line per violated rule (None for rules that hold).
+
+    ``data_parallel_size`` None means ``row.topology.dp``. Rules that need the row layout are
+    skipped when ``row`` is None (an invalid layout, reported on its own).
+    """
+    topology = None if row is None else row.topology
+    dp = topology.dp if data_parallel_size is None and topology is not None else data_parallel_size
+    dp_problem = None if dp is None else _int_problem("data_parallel_size", dp, minimum=1)
+    yield dp_problem
+    yield _micro_batch_problem("micro_batch_size", micro_batch_size)
+    if dp is not None and not dp_problem:
+        yield _global_batch_problem("global_batch_size", global_batch_size, dp)
+    yield _pipeline_problem("pipeline_model_parallel_size", pipeline_model_parallel_size)
+    yield _mtp_problem("mtp_num_layers", mtp_num_layers)
+    yield _bool_problem("cuda_graphs", cuda_graphs)
+    if cuda_graphs is True and row is not None:
+        yield _cuda_graph_problem("cuda_graphs", fixed_width=row.fixed_width, pad_cu_seqlens=row.pad_cu_seqlens)
+    cp = 1 if topology is None else topology.cp
+    if finetune and cp > 1:
+        if calculate_per_token_loss is not True:
+            yield (
+                f"calculate_per_token_loss={calculate_per_token_loss!r}: packed finetuning with context "
+                f"parallel cp={cp} needs per-token loss (CP ranks hold different numbers of loss "
+                "tokens); fix: pass calculate_per_token_loss=True"
+            )
+        if average_in_collective is not False:
+            yield (
+                f"average_in_collective={average_in_collective!r}: packed finetuning with context "
+                f"parallel cp={cp} uses per-token loss, which the gradient averaging inside the "
+                "collective would rescale; fix: pass average_in_collective=False"
+            )
+
+
 def check_training_compat(
     config: PackingConfig,
     *,
@@ -553,37 +728,22 @@ def check_training_compat(
     ``topology.dp``. With context parallel > 1, packed finetuning needs per-token loss
     (``calculate_per_token_loss=True``, ``average_in_collective=False``): each CP rank sees a
     different number of loss tokens, so only summing losses and token counts before dividing
-    weighs every token equally.
+    weighs every token equally. The same rules check a config's declared trainer settings
+    when it is built.
     Example: cp=2, finetune, calculate_per_token_loss=False -> ValueError naming calculate_per_token_loss.
     """
-    dp = config.topology.dp if data_parallel_size is None else data_parallel_size
-    gbs = config.global_batch_size if global_batch_size is None else global_batch_size
-    dp_problem = _int_problem("data_parallel_size", dp, minimum=1)
-    problems = [
-        dp_problem,
-        _micro_batch_problem("micro_batch_size", micro_batch_size),
-        None if dp_problem else _global_batch_problem("global_batch_size", gbs, dp),
-        _pipeline_problem("pipeline_model_parallel_size", pipeline_model_parallel_size),
-        _mtp_problem("mtp_num_layers", mtp_num_layers),
-    ]
-    if cuda_graphs:
-        problems.append(
-            _cuda_graph_problem(
-                "cuda_graphs", fixed_width=config.fixed_width, pad_cu_seqlens=config.pad_cu_seqlens
-            )
-        )
-    cp = config.topology.cp
-    if finetune and cp > 1:
-        if calculate_per_token_loss is not True:
-            problems.append(
-                f"calculate_per_token_loss={calculate_per_token_loss!r}: packed finetuning with context "
-                f"parallel cp={cp} needs per-token loss (CP ranks hold different numbers of loss "
-                "tokens); fix: pass calculate_per_token_loss=True"
-            )
-        if average_in_collective is not False:
-            problems.append(
-                f"average_in_collective={average_in_collective!r}: packed finetuning with context "
-                f"parallel cp={cp} uses per-token loss, which the gradient averaging inside the "
-                "collective would rescale; fix: pass average_in_collective=False"
-            )
-    _raise_if_problems("training setup for packed rows", problems)
+    _raise_if_problems(
+        "training setup for packed rows",
+        _trainer_problems(
+            config.row,
+            micro_batch_size=micro_batch_size,
+            global_batch_size=config.global_batch_size if global_batch_size is None else global_batch_size,
+            data_parallel_size=data_parallel_size,
+            pipeline_model_parallel_size=pipeline_model_parallel_size,
+            mtp_num_layers=mtp_num_layers,
+            cuda_graphs=cuda_graphs,
+            finetune=finetune,
+            calculate_per_token_loss=calculate_per_token_loss,
+            average_in_collective=average_in_collective,
+        ),
+    )

@@ -160,7 +160,7 @@ def get_packing_loader(
 
     Rank, world size and group come from ``torch.distributed`` when it is initialized, else
     from ``rank`` / ``world_size`` (default 0 / 1). ``split="train"`` repeats as
-    ``config.repeat`` says; other splits are read once (a validation "batch" is one packed
+    ``config.loader.repeat`` says; other splits are read once (a validation "batch" is one packed
     row, not one conversation). Other keyword arguments (``checkpoint_every_sec``,
     ``checkpoint_every_min_n_samples``, ...) go to Energon's ``SavableDataLoader``.
     """
@@ -171,9 +171,9 @@ def get_packing_loader(
     worker_config = WorkerConfig(
         rank=rank,
         world_size=world_size,
-        num_workers=config.num_workers,
+        num_workers=config.loader.num_workers,
         data_parallel_group=group,
-        seed_offset=config.seed,
+        seed_offset=config.loader.seed,
     )
     if split == "train":
         try:
@@ -182,10 +182,10 @@ def get_packing_loader(
                 split_part=split,
                 worker_config=worker_config,
                 batch_size=1,
-                shuffle_buffer_size=config.shuffle_buffer_size,
-                max_samples_per_sequence=config.max_samples_per_sequence,
+                shuffle_buffer_size=config.loader.shuffle_buffer_size,
+                max_samples_per_sequence=config.loader.max_samples_per_sequence,
                 task_encoder=task_encoder,
-                repeat=config.repeat,
+                repeat=config.loader.repeat,
             )
         except AssertionError as err:
             if "blend" not in str(err):
@@ -202,7 +202,7 @@ def get_packing_loader(
     return PackingDataLoader(
         dataset,
         fingerprint=fingerprint,
-        allow_inexact_resume=config.allow_inexact_resume,
+        allow_inexact_resume=config.loader.allow_inexact_resume,
         stats_dir=stats_dir,
         **loader_kwargs,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from energon_pack.config import PackingConfig
+from energon_pack.config import PackingPolicy
 from energon_pack.packing.simulate import MixSample
 
 
@@ -45,7 +45,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         simulation_table,
     )
 
-    defaults = PackingConfig(seq_length=8192)
+    defaults = PackingPolicy()
     if args.dataset is not None:
         samples = dataset_samples(args.dataset)
         source = f"dataset {args.dataset} ({len(samples)} samples)"

@@ -37,7 +37,7 @@ from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
 from energon_pack.qwen.template import ChatMarkers, VideoTiming, tokenize_conversation
 from energon_pack.samples import QwenVLChatSample
-from energon_pack.thd import build_thd_row, collate_rows
+from energon_pack.thd import build_layout_row, collate_rows
 from energon_pack.visual import VisualInputs
 
 # Forked Energon workers must not share the tokenizer's Rust thread pool.
@@ -86,7 +86,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         self.rope_spec = rope_spec or default_rope_spec(self.processor)
         self.markers = ChatMarkers.from_tokenizer(self.processor.tokenizer)
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
-        self.uint8_pixels = config.pixel_dtype == "uint8"
+        self.uint8_pixels = config.row.pixel_dtype == "uint8"
         #: Folder where the packing stage publishes per-worker statistics (set by get_packing_loader).
         self.stats_dir: str | None = None
 
@@ -204,14 +204,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         return collate_rows([self._thd_row(row) for row in rows])
 
     def _thd_row(self, row: PackedRow) -> dict:
-        out = build_thd_row(
-            row.segments,
-            seq_length=self.config.seq_length,
-            pad_multiple=self.config.pad_multiple,
-            pad_token_id=self.pad_token_id,
-            pad_cu_seqlens=self.config.pad_cu_seqlens,
-            max_segments=self.config.max_segments,
-        )
+        out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id)
         out["__stats__"] = row.stats
         out["__restore_key__"] = row.__restore_key__
         return out
@@ -234,13 +227,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             )
         packed = PendingGroupPackingDataset(
             dataset,
-            seq_length=self.config.seq_length,
-            pad_multiple=self.config.pad_multiple,
-            buffer_size=self.config.buffer_size,
-            min_fill=self.config.min_fill,
-            max_wait_rounds=self.config.max_wait_rounds,
-            max_segments=self.config.max_segments,
-            on_overlong=self.config.on_overlong,
+            row=self.config.row,
+            policy=self.config.policy,
             postencode=self.postencode_sample,
             pack=self.pack_selected_samples,
             worker_config=worker_config,

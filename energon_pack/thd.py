@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
+from energon_pack.config import RowLayout
 from energon_pack.encoded import PackedSegment
-from energon_pack.packing.algorithms import aligned_length
+from energon_pack.alignment import aligned_length
 from energon_pack.qwen.template import IGNORE_INDEX
 from energon_pack.visual import VisualInputs
 
-__all__ = ["build_thd_row", "collate_rows"]
+__all__ = ["build_layout_row", "build_thd_row", "collate_rows"]
 
 
 def build_thd_row(
@@ -117,6 +118,18 @@ def build_thd_row(
         "__keys__": [seg.key for seg in segments],
         "__subflavors__": [seg.subflavors for seg in segments],
     }
+
+
+def build_layout_row(segments: Sequence[PackedSegment], layout: RowLayout, *, pad_token_id: int) -> dict[str, Any]:
+    """:func:`build_thd_row` with the width, alignment and cu_seqlens padding of ``layout``."""
+    return build_thd_row(
+        segments,
+        seq_length=layout.seq_length,
+        pad_multiple=layout.pad_multiple,
+        pad_token_id=pad_token_id,
+        pad_cu_seqlens=layout.pad_cu_seqlens,
+        max_segments=layout.max_segments,
+    )
 
 
 def collate_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

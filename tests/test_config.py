@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energon_pack.config import (
+    CONFIG_PARTS,
+    LoaderOptions,
     PackingConfig,
+    PackingPolicy,
     ParallelTopology,
     ResumeMismatchError,
+    RowLayout,
+    TrainerSettings,
     check_resume_fingerprint,
     check_training_compat,
     fingerprint_mismatches,
@@ -407,3 +413,49 @@ def test_config_gbs_used_when_trainer_gives_none() -> None:
     check_training_compat(config, **PER_TOKEN)
     with pytest.raises(ValueError, match="global_batch_size=8"):
         check_training_compat(config, **PER_TOKEN, data_parallel_size=16)
+
+
+# --------------------------------------------------------------------------- parts
+
+
+def test_flat_keys_reach_their_parts() -> None:
+    config = PackingConfig(seq_length=8192, buffer_size=8, topology=TP4_SP, num_workers=0, repeat=False,
+                           pixel_dtype="uint8", global_batch_size=4)
+    assert config.row == RowLayout(seq_length=8192, topology=TP4_SP, pixel_dtype="uint8")
+    assert config.policy == PackingPolicy(buffer_size=8)
+    assert config.loader == LoaderOptions(num_workers=0, repeat=False)
+    assert config.trainer == TrainerSettings(global_batch_size=4)
+    assert (config.buffer_size, config.num_workers, config.pad_multiple) == (8, 0, 4)
+
+
+def test_parts_given_whole_and_flat_overrides() -> None:
+    row = RowLayout(seq_length=4096)
+    config = PackingConfig(row=row, policy=PackingPolicy(buffer_size=32), max_segments=8, min_fill=0.9)
+    assert config.row == RowLayout(seq_length=4096, max_segments=8)
+    assert config.policy == PackingPolicy(buffer_size=32, min_fill=0.9)
+    assert config == PackingConfig(seq_length=4096, max_segments=8, buffer_size=32, min_fill=0.9)
+    assert dataclasses.replace(config, buffer_size=4).policy.buffer_size == 4
+
+
+def test_every_flat_key_belongs_to_exactly_one_part() -> None:
+    keys = [f.name for part in CONFIG_PARTS.values() for f in dataclasses.fields(part)]
+    assert len(keys) == len(set(keys))
+    assert list(PackingConfig(seq_length=8192).to_dict()) == keys
+
+
+def test_a_part_validates_on_its_own() -> None:
+    with pytest.raises(ValueError, match="invalid PackingPolicy:\n  - buffer_size=0"):
+        PackingPolicy(buffer_size=0)
+    with pytest.raises(ValueError, match="seq_length=10: must be divisible"):
+        RowLayout(seq_length=10, pad_to_multiple_of=4)
+    with pytest.raises(TypeError, match="did you mean 'buffer_size'"):
+        PackingConfig(seq_length=8192, bufer_size=8)
+
+
+def test_fingerprint_is_derived_from_the_parts() -> None:
+    config = PackingConfig(seq_length=8192, topology=TP4_SP)
+    assert config.fingerprint() == {**config.row.fingerprint(), **config.policy.fingerprint(),
+                                    **config.loader.fingerprint()}
+    unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume"}
+    part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}
+    assert set(config.fingerprint()) == part_keys - unfingerprinted | {"pad_multiple"}

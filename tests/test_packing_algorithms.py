@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from energon_pack.alignment import aligned_length
 from energon_pack.packing.algorithms import (
     PackItem,
     RowBudget,
     _best_subset,
     _best_subset_budgeted,
-    aligned_length,
     first_fit_decreasing,
     select_bins,
 )

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from energon_pack.packing.algorithms import aligned_length
+from energon_pack.alignment import aligned_length
 from energon_pack.packing.simulate import (
     PATCHES_PER_VISUAL_TOKEN,
     MixSample,

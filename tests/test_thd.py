@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energon_pack.encoded import PackedSegment
-from energon_pack.packing.algorithms import aligned_length
+from energon_pack.alignment import aligned_length
 from energon_pack.qwen.template import IGNORE_INDEX
 from energon_pack.thd import build_thd_row, collate_rows
 from energon_pack.visual import VisualInputs

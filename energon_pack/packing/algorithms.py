@@ -33,15 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PackItem", "RoundResult", "RowBudget", "aligned_length", "first_fit_decreasing", "select_bins"]
-
-
-def aligned_length(length: int, multiple: int) -> int:
-    """Physical slots a sample of ``length`` tokens occupies: ceil(length / multiple) * multiple.
-
-    Example: aligned_length(5, 4) -> 8; aligned_length(8, 4) -> 8.
-    """
-    return -(-length // multiple) * multiple
+__all__ = ["PackItem", "RoundResult", "RowBudget", "first_fit_decreasing", "select_bins"]
 
 
 @dataclass(frozen=True)

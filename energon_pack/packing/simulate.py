@@ -16,11 +16,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from energon_pack.alignment import aligned_length
 from energon_pack.packing.algorithms import (
     PackItem,
     RoundResult,
     RowBudget,
-    aligned_length,
     first_fit_decreasing,
     select_bins,
 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 from megatron.energon.flavors.base_dataset import (
     FlexState,
@@ -36,9 +36,11 @@ from megatron.energon.wrappers.base import (
 )
 from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
+from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError
-from energon_pack.packing.algorithms import PackItem, aligned_length, select_bins
+from energon_pack.alignment import aligned_length
+from energon_pack.packing.algorithms import PackItem, select_bins
 from energon_pack.stats import PackingStats, publish_snapshot, worker_telemetry
 
 logger = logging.getLogger(__name__)
@@ -70,26 +72,18 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self,
         dataset: SavableDataset[PreparedSample],
         *,
-        seq_length: int,
-        pad_multiple: int,
-        buffer_size: int,
-        min_fill: float,
-        max_wait_rounds: int,
-        max_segments: int | None,
-        on_overlong: Literal["skip", "error"],
+        row: RowLayout,
+        policy: PackingPolicy,
         postencode: Callable[[PreparedSample], EncodedSample],
         pack: Callable[[list[EncodedSample]], PackedRow],
         worker_config: WorkerConfig,
         stats_dir: str | None = None,
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
-        self.seq_length = seq_length
-        self.pad_multiple = pad_multiple
-        self.buffer_size = buffer_size
-        self.min_fill = min_fill
-        self.max_wait_rounds = max_wait_rounds
-        self.max_segments = max_segments
-        self.on_overlong = on_overlong
+        #: Row width, alignment multiple and segment limit of the rows this stage fills.
+        self.row = row
+        #: Buffer size, wait bound, min fill and overlong policy of the bin selection.
+        self.policy = policy
         self.postencode = postencode
         self.pack = pack
         #: Folder where each worker publishes its statistics for ``PackingDataLoader.stats()``.
@@ -157,7 +151,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         return bool(self._reading_buffer.buffer or self._pending_items or self._ready_sizes)
 
     def _fill_reading_buffer(self, source: Iterator[PreparedSample]) -> None:
-        while len(self._reading_buffer.buffer) < self.buffer_size:
+        while len(self._reading_buffer.buffer) < self.policy.buffer_size:
             try:
                 sample = next(source)
             except StopIteration:
@@ -171,13 +165,13 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         if sample.skip_reason is not None:
             self._skip(sample, sample.skip_reason)
             return
-        slots = aligned_length(sample.num_tokens, self.pad_multiple)
-        if slots > self.seq_length:
+        slots = aligned_length(sample.num_tokens, self.row.pad_multiple)
+        if slots > self.row.seq_length:
             detail = (
                 f"sample {sample.__key__!r} has {sample.num_tokens} tokens ({slots} slots aligned to "
-                f"{self.pad_multiple}) but seq_length is {self.seq_length}"
+                f"{self.row.pad_multiple}) but seq_length is {self.row.seq_length}"
             )
-            if self.on_overlong == "error":
+            if self.policy.on_overlong == "error":
                 raise ValueError(
                     f"{detail}; rule: every sample must fit one row; fix: raise seq_length, lower the "
                     "processor's max_pixels / max_frames, or set on_overlong='skip'"
@@ -215,11 +209,11 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             candidates.append(PackItem(index=index, length=self._slots(sample), arrival_round=self._round_index))
         result = select_bins(
             candidates,
-            capacity=self.seq_length,
+            capacity=self.row.seq_length,
             round_index=self._round_index,
-            min_fill=self.min_fill,
-            max_wait_rounds=self.max_wait_rounds,
-            max_segments=self.max_segments,
+            min_fill=self.policy.min_fill,
+            max_wait_rounds=self.policy.max_wait_rounds,
+            max_segments=self.row.max_segments,
             flush=flush,
         )
         self._reading_buffer.clear()
@@ -239,7 +233,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self._stats.rounds += 1
 
     def _slots(self, sample: PreparedSample) -> int:
-        return aligned_length(sample.num_tokens, self.pad_multiple)
+        return aligned_length(sample.num_tokens, self.row.pad_multiple)
 
     def _emit_ready(self) -> Iterator[PackedRow]:
         while self._ready_sizes:
@@ -265,7 +259,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             with self._pack_index.ctx() as pack_index:
                 row = self.pack(encoded)
             real_tokens = sum(e.segment.length for e in encoded)
-            self._stats.count_row(real_tokens, self.seq_length, len(encoded), flush=self._source_exhausted)
+            self._stats.count_row(real_tokens, self.row.seq_length, len(encoded), flush=self._source_exhausted)
             row.stats = self._telemetry_snapshot()
             self._publish_stats(row.stats)
             yield set_sample_restore_key(row, pack_index, *member_keys, src=self)
@@ -276,7 +270,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             return False
         # The bin came from round _round_index - 1; pending, a sample is next a candidate in
         # round _round_index, where it is forced once it has waited max_wait_rounds.
-        return all(self._round_index - arrival <= self.max_wait_rounds for _, arrival in items)
+        return all(self._round_index - arrival <= self.policy.max_wait_rounds for _, arrival in items)
 
     def _buffered_nbytes(self) -> Iterator[int]:
         for buffer in (self._reading_buffer, self._pending_buffer, self._ready_buffer):
@@ -310,15 +304,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     def config(self) -> dict[str, Any]:
         return {
             "type": type(self).__qualname__,
-            "seq_length": self.seq_length,
-            "pad_multiple": self.pad_multiple,
-            "buffer_size": self.buffer_size,
-            "min_fill": self.min_fill,
-            "max_wait_rounds": self.max_wait_rounds,
-            "max_segments": self.max_segments,
-            "on_overlong": self.on_overlong,
+            "row": self.row.fingerprint(),
+            "policy": self.policy.fingerprint(),
             "dataset": self.dataset.config(),
         }
 
     def __str__(self) -> str:
-        return f"PendingGroupPackingDataset(seq_length={self.seq_length}, buffer_size={self.buffer_size}, dataset={self.dataset})"
+        return f"PendingGroupPackingDataset(seq_length={self.row.seq_length}, buffer_size={self.policy.buffer_size}, dataset={self.dataset})"

@@ -23,6 +23,13 @@ _PUBLIC_NAMES = {
     "get_packing_loader": "energon_pack.loader",
     "to_device_batch": "energon_pack.step",
     "thd_partition_indices": "energon_pack.step",
+    "SyntheticSpec": "energon_pack.synthetic",
+    "make_synthetic_dataset": "energon_pack.synthetic",
+    "dataset_lengths": "energon_pack.simulate_cli",
+    "reference_length_mix": "energon_pack.packing.simulate",
+    "simulate_stream": "energon_pack.packing.simulate",
+    "simulate_ffd_per_buffer": "energon_pack.packing.simulate",
+    "simulation_table": "energon_pack.packing.simulate",
 }
 
 __all__ = sorted(_PUBLIC_NAMES)

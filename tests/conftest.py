@@ -34,3 +34,19 @@ def synthetic_dataset(tmp_path_factory):
     spec = SyntheticSpec(max_image_side=640, max_video_seconds=3.0, max_video_side=128)
     report = make_synthetic_dataset(root, 40, seed=1, spec=spec, samples_per_shard=16)
     return report
+
+
+
+def pytest_terminal_summary(terminalreporter):
+    """List the tutorial notebooks that ``tests/test_notebooks.py`` executed: outcome and run time."""
+    lines = []
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            properties = dict(getattr(report, "user_properties", ()))
+            if "notebook" in properties and report.when == "call":
+                seconds = properties.get("notebook_seconds")
+                lines.append(f"  tutorials/{properties['notebook']}: {outcome}" + (f" in {seconds} s" if seconds is not None else ""))
+    if lines:
+        terminalreporter.write_sep("-", f"tutorial notebooks executed: {len(lines)}")
+        for line in sorted(lines):
+            terminalreporter.write_line(line)

@@ -7,6 +7,7 @@ removed afterwards. The notebooks that ran are listed at the end of the test ses
 
 from __future__ import annotations
 
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +38,18 @@ def test_readme_links_every_tutorial():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     missing = [p.name for p in NOTEBOOKS if f"(tutorials/{p.name})" not in readme]
     assert not missing, f"README.md does not link {missing}; fix: add a line per notebook under 'Tutorials'"
+
+
+def test_byod_tutorial_explains_every_skip_reason():
+    """Tutorial 02's table of skip reasons (meaning and fix) names every reason of docs/bad_input_policy.md."""
+    policy = (ROOT / "docs" / "bad_input_policy.md").read_text(encoding="utf-8")
+    reasons = set(re.findall(r"^\| `(\w+)` \|", policy, flags=re.MULTILINE))  # the table
+    prepare_paragraph = policy[policy.index("`energon-pack prepare`") :].split("\n\n")[0]
+    reasons |= set(re.findall(r"`([a-z0-9]+(?:_[a-z0-9]+)+)`", prepare_paragraph))  # its reasons in backticks
+    notebook = nbformat.read(ROOT / "tutorials" / "02_bring_your_own_data.ipynb", as_version=4)
+    text = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
+    missing = sorted(reason for reason in reasons if f"`{reason}`" not in text)
+    assert len(reasons) >= 15 and not missing, f"explain {missing} in tutorial 02's table of skip reasons"
 
 
 @pytest.mark.slow

@@ -20,9 +20,11 @@ from typing import Any, Literal
 import yaml
 
 from energon_pack.alignment import aligned_length
+from energon_pack.loss_reduction import LOSS_REDUCTIONS
 
 __all__ = [
     "CONFIG_PARTS",
+    "LOSS_REDUCTIONS",
     "OVERLONG_POLICIES",
     "PIXEL_DTYPES",
     "ConfigError",
@@ -279,6 +281,9 @@ class RowLayout:
     pad_cu_seqlens: cu_seqlens tensors have fixed length ``max_segments + 1`` (CUDA graphs).
     max_segments: most segments (samples) per row; None = unbounded.
     pixel_dtype: dtype of the emitted pixel tensors ("uint8" defers normalisation to the GPU).
+    loss_reduction: what the trainer's per-token loss averages over: "token" (every supervised
+        token alike), "sample" (each sample's mean loss alike) or "square" (InternVL's
+        1/sqrt(n) weighting), realised as per-token weights in ``loss_mask``.
     """
 
     seq_length: int
@@ -290,6 +295,7 @@ class RowLayout:
     pad_cu_seqlens: bool = False
     max_segments: int | None = None
     pixel_dtype: Literal["float32", "uint8"] = "float32"
+    loss_reduction: Literal["token", "sample", "square"] = "token"
 
     def __post_init__(self) -> None:
         _raise_if_problems(type(self).__name__, self.problems())
@@ -327,6 +333,7 @@ class RowLayout:
                 "true and max_segments: N (e.g. 64), or pad_cu_seqlens: false"
             )
         yield _choice_problem("pixel_dtype", self.pixel_dtype, PIXEL_DTYPES)
+        yield _choice_problem("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
 
     def _width_problems(self, topology_ok: bool) -> Iterator[str | None]:
         """Rules on seq_length, pad_to_multiple_of and width_multiple (skipping ones with bad inputs)."""
@@ -672,9 +679,6 @@ def _trainer_problems(
     mtp_num_layers: Any,
     cuda_graphs: Any,
     pipeline_model_parallel_size: Any = 1,
-    finetune: bool = False,
-    calculate_per_token_loss: Any = None,
-    average_in_collective: Any = None,
 ) -> Iterator[str | None]:
     """The trainer-side rules for packed rows: one line per violated rule (None for rules that hold).
 
@@ -693,20 +697,37 @@ def _trainer_problems(
     yield _bool_problem("cuda_graphs", cuda_graphs)
     if cuda_graphs is True and row is not None:
         yield _cuda_graph_problem("cuda_graphs", fixed_width=row.fixed_width, pad_cu_seqlens=row.pad_cu_seqlens)
-    cp = 1 if topology is None else topology.cp
+
+
+def _per_token_loss_problems(
+    row: RowLayout, *, finetune: bool, calculate_per_token_loss: Any, average_in_collective: Any
+) -> Iterator[str]:
+    """Per-token loss (loss and weight sums added over micro-batches and ranks, then divided) is
+    needed by packed finetuning with CP > 1 and by the "sample" / "square" loss reductions."""
+    cp = row.topology.cp
+    reasons = []
     if finetune and cp > 1:
-        if calculate_per_token_loss is not True:
-            yield (
-                f"calculate_per_token_loss={calculate_per_token_loss!r}: packed finetuning with context "
-                f"parallel cp={cp} needs per-token loss (CP ranks hold different numbers of loss "
-                "tokens); fix: pass calculate_per_token_loss=True"
-            )
-        if average_in_collective is not False:
-            yield (
-                f"average_in_collective={average_in_collective!r}: packed finetuning with context "
-                f"parallel cp={cp} uses per-token loss, which the gradient averaging inside the "
-                "collective would rescale; fix: pass average_in_collective=False"
-            )
+        reasons.append(
+            f"packed finetuning with context parallel cp={cp} (CP ranks hold different numbers of loss tokens)"
+        )
+    if row.loss_reduction != "token":
+        reasons.append(
+            f"loss_reduction={row.loss_reduction!r} (its loss_mask weights give the intended mean only "
+            "when sum(loss * loss_mask) and sum(loss_mask) are added over micro-batches and ranks before dividing)"
+        )
+    if not reasons:
+        return
+    why = " and ".join(reasons)
+    if calculate_per_token_loss is not True:
+        yield (
+            f"calculate_per_token_loss={calculate_per_token_loss!r}: {why} needs per-token loss; "
+            "fix: pass calculate_per_token_loss=True"
+        )
+    if average_in_collective is not False:
+        yield (
+            f"average_in_collective={average_in_collective!r}: {why} uses per-token loss, which the gradient "
+            "averaging inside the collective would rescale; fix: pass average_in_collective=False"
+        )
 
 
 def check_training_compat(
@@ -725,16 +746,16 @@ def check_training_compat(
     """Check the trainer's settings against packed-row training; raise one ValueError listing all violations.
 
     ``global_batch_size`` / ``data_parallel_size`` default to the config's ``global_batch_size`` /
-    ``topology.dp``. With context parallel > 1, packed finetuning needs per-token loss
-    (``calculate_per_token_loss=True``, ``average_in_collective=False``): each CP rank sees a
-    different number of loss tokens, so only summing losses and token counts before dividing
-    weighs every token equally. The same rules check a config's declared trainer settings
-    when it is built.
+    ``topology.dp``. Per-token loss (``calculate_per_token_loss=True``,
+    ``average_in_collective=False``) is needed with context parallel > 1 for packed finetuning
+    (each CP rank sees a different number of loss tokens, so only summing losses and token counts
+    before dividing weighs every token equally) and with ``loss_reduction`` "sample" or "square"
+    (their ``loss_mask`` weights only average correctly that way). The same rules, less the
+    loss flags a config cannot declare, check a config's declared trainer settings when it is built.
     Example: cp=2, finetune, calculate_per_token_loss=False -> ValueError naming calculate_per_token_loss.
     """
-    _raise_if_problems(
-        "training setup for packed rows",
-        _trainer_problems(
+    problems = [
+        *_trainer_problems(
             config.row,
             micro_batch_size=micro_batch_size,
             global_batch_size=config.global_batch_size if global_batch_size is None else global_batch_size,
@@ -742,8 +763,12 @@ def check_training_compat(
             pipeline_model_parallel_size=pipeline_model_parallel_size,
             mtp_num_layers=mtp_num_layers,
             cuda_graphs=cuda_graphs,
+        ),
+        *_per_token_loss_problems(
+            config.row,
             finetune=finetune,
             calculate_per_token_loss=calculate_per_token_loss,
             average_in_collective=average_in_collective,
         ),
-    )
+    ]
+    _raise_if_problems("training setup for packed rows", problems)

@@ -94,14 +94,16 @@ def to_device_batch(
     * ``packed_seq_params``: ready for custom loops - a Megatron-Core
       ``PackedSeqParams(qkv_format="thd", ...)`` with int max_seqlen when megatron.core is
       importable, else a dict with exactly the fields PACKED_SEQ_FIELDS;
-    * ``padding_mask`` (MoE router), ``mrope_position_ids`` (Qwen-VL rope), ``__keys__``.
+    * ``padding_mask`` (MoE router), ``mrope_position_ids`` (Qwen-VL rope), ``__keys__``;
+    * ``loss_tokens`` int32 [n_segments] on the device, supervised tokens per segment for a
+      custom loss reduction (``vlm_step`` reads only its own keys and passes this one over).
 
     Host tensors are pinned and copied with ``non_blocking=True`` when ``device`` is CUDA,
     plainly otherwise. With ``split_for_cp=True`` every token-aligned tensor is cut to this
     CP rank's share (:func:`thd_partition_indices`, last dim) before the copy; cu_seqlens,
     max_seqlen and total_tokens stay global, as Transformer Engine's THD CP attention
-    expects, and visual inputs stay whole. Bridge's VLM models split the row themselves,
-    so leave ``split_for_cp`` False there.
+    expects; loss_tokens and visual inputs stay whole (per segment, not per token). Bridge's
+    VLM models split the row themselves, so leave ``split_for_cp`` False there.
     """
     target = torch.device(device)
     if target.type == "cuda":
@@ -136,6 +138,7 @@ def to_device_batch(
     out.update({key: move(batch[key]) for key in _CU_SEQLENS_KEYS})
     out.update({key: batch[key].cpu() for key in _MAX_SEQLEN_KEYS})
     out["total_tokens"] = int(batch["total_tokens"])
+    out["loss_tokens"] = move(batch["loss_tokens"])
     out["visual_inputs"] = VisualInputs(**move_visual(batch["visual_inputs"]).normalized_for_model())
     out["packed_seq_params"] = _packed_seq_params(
         qkv_format="thd",

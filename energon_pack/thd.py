@@ -15,6 +15,7 @@ import torch
 
 from energon_pack.config import RowLayout
 from energon_pack.encoded import PackedSegment
+from energon_pack.loss_reduction import loss_weight
 from energon_pack.alignment import aligned_length
 from energon_pack.qwen.template import IGNORE_INDEX
 from energon_pack.visual import VisualInputs
@@ -30,16 +31,22 @@ def build_thd_row(
     pad_token_id: int,
     pad_cu_seqlens: bool = False,
     max_segments: int | None = None,
+    loss_reduction: str = "token",
 ) -> dict[str, Any]:
     """Pack ``segments`` (in order) into one THD row of width W = seq_length, micro-batch size 1.
 
     Returns the docs/batch_contract.md dict: input_ids/labels/position_ids int64 [1, W], loss_mask
     float32 [1, W], mrope_position_ids int64 [3, 1, W], attention_mask None, padding_mask bool
     [1, W], cu_seqlens_{q,kv}(_padded) int32 [n+1], max_seqlen_{q,kv} int32 0-dim,
-    total_tokens W, visual_inputs, __keys__.
+    total_tokens W, loss_tokens int32 [n], visual_inputs, __keys__.
 
     Each segment's last real token has no next token inside the segment, so its label is
     forced to IGNORE_INDEX and its loss weight to 0 whatever the input says.
+
+    ``loss_tokens[i]`` counts the supervised tokens (loss_mask != 0) of segment i. With
+    ``loss_reduction`` "sample" or "square" the supervised tokens of segment i are weighted by
+    :func:`~energon_pack.loss_reduction.loss_weight` (``W / n_i`` or ``sqrt(W / n_i)``);
+    "token" leaves ``loss_mask`` as it is.
 
     Gap tokens (alignment padding and the tail) hold ``pad_token_id``, label IGNORE_INDEX,
     loss 0, ``padding_mask`` True. Their positions continue the segment's counting:
@@ -75,9 +82,10 @@ def build_thd_row(
     position_ids = torch.empty((1, width), dtype=torch.int64)
     mrope = torch.empty((3, 1, width), dtype=torch.int64)
     padding_mask = torch.ones((1, width), dtype=torch.bool)
+    loss_tokens = torch.zeros(len(segments), dtype=torch.int32)
 
     start = 0
-    for seg, n, slots in zip(segments, lengths, physical):
+    for index, (seg, n, slots) in enumerate(zip(segments, lengths, physical)):
         real = slice(start, start + n)
         gap = slice(start + n, start + slots)
         input_ids[0, real] = seg.input_ids
@@ -85,6 +93,11 @@ def build_thd_row(
         labels[0, start + n - 1] = IGNORE_INDEX
         loss_mask[0, real] = seg.loss_mask
         loss_mask[0, start + n - 1] = 0.0
+        supervised = int(torch.count_nonzero(loss_mask[0, real]))
+        weight = loss_weight(supervised, loss_reduction, width)
+        if supervised and weight != 1.0:
+            loss_mask[0, real] *= weight
+        loss_tokens[index] = supervised
         position_ids[0, start : start + slots] = torch.arange(slots)
         mrope[:, 0, real] = seg.mrope_position_ids
         mrope[:, 0, gap] = seg.mrope_position_ids.max() + 1 + torch.arange(slots - n)
@@ -114,6 +127,7 @@ def build_thd_row(
         "max_seqlen_q": torch.tensor(max_seqlen, dtype=torch.int32),
         "max_seqlen_kv": torch.tensor(max_seqlen, dtype=torch.int32),
         "total_tokens": width,
+        "loss_tokens": loss_tokens,
         "visual_inputs": VisualInputs.concat([seg.visual for seg in segments]),
         "__keys__": [seg.key for seg in segments],
         "__subflavors__": [seg.subflavors for seg in segments],
@@ -121,7 +135,7 @@ def build_thd_row(
 
 
 def build_layout_row(segments: Sequence[PackedSegment], layout: RowLayout, *, pad_token_id: int) -> dict[str, Any]:
-    """:func:`build_thd_row` with the width, alignment and cu_seqlens padding of ``layout``."""
+    """:func:`build_thd_row` with the width, alignment, cu_seqlens padding and loss reduction of ``layout``."""
     return build_thd_row(
         segments,
         seq_length=layout.seq_length,
@@ -129,6 +143,7 @@ def build_layout_row(segments: Sequence[PackedSegment], layout: RowLayout, *, pa
         pad_token_id=pad_token_id,
         pad_cu_seqlens=layout.pad_cu_seqlens,
         max_segments=layout.max_segments,
+        loss_reduction=layout.loss_reduction,
     )
 
 

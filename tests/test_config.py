@@ -56,6 +56,7 @@ INVALID_CONFIGS: list[tuple[dict[str, Any], str]] = [
     ({"seq_length": 8192, "min_fill": True}, "min_fill"),
     ({"seq_length": 8192, "on_overlong": "truncate"}, "on_overlong"),
     ({"seq_length": 8192, "pixel_dtype": "bfloat16"}, "pixel_dtype"),
+    ({"seq_length": 8192, "loss_reduction": "mean"}, "loss_reduction"),
     ({"seq_length": 8192, "num_workers": -1}, "num_workers"),
     ({"seq_length": 8192, "repeat": 1}, "repeat"),
     ({"seq_length": 8192, "shuffle_buffer_size": 0}, "shuffle_buffer_size"),
@@ -247,6 +248,7 @@ valid_configs = topologies.flatmap(
         min_fill=st.floats(0.01, 1.0),
         on_overlong=st.sampled_from(["skip", "error"]),
         pixel_dtype=st.sampled_from(["float32", "uint8"]),
+        loss_reduction=st.sampled_from(["token", "sample", "square"]),
         shuffle_buffer_size=st.one_of(st.none(), st.integers(1, 1000)),
         global_batch_size=st.integers(1, 8).map(lambda k: k * topo.dp),
         seed=st.integers(0, 2**31),
@@ -294,7 +296,7 @@ def test_malformed_yaml(tmp_path: Path, text: str, expected: str) -> None:
 FINGERPRINT_KEYS = {
     "seq_length", "pad_multiple", "width_multiple", "buffer_size", "max_wait_rounds", "min_fill",
     "max_segments", "pad_cu_seqlens", "fixed_width", "num_workers", "shuffle_buffer_size",
-    "max_samples_per_sequence", "seed", "pixel_dtype", "on_overlong", "repeat",
+    "max_samples_per_sequence", "seed", "pixel_dtype", "loss_reduction", "on_overlong", "repeat",
 }
 
 
@@ -350,6 +352,8 @@ def test_inexact_resume_allowed(caplog: pytest.LogCaptureFixture) -> None:
 
 CP2 = PackingConfig(seq_length=8192, topology=ParallelTopology(cp=2, dp=4))
 GRAPHS = PackingConfig(seq_length=8192, pad_cu_seqlens=True, max_segments=64, cuda_graphs=True)
+SAMPLE = PackingConfig(seq_length=8192, loss_reduction="sample")
+SQUARE = PackingConfig(seq_length=8192, loss_reduction="square")
 PER_TOKEN = {"calculate_per_token_loss": True, "average_in_collective": False}
 
 
@@ -362,6 +366,8 @@ PER_TOKEN = {"calculate_per_token_loss": True, "average_in_collective": False}
         (CP2, {**PER_TOKEN, "global_batch_size": 8}),
         (CP2, {**PER_TOKEN, "global_batch_size": 6, "data_parallel_size": 3}),
         (GRAPHS, {**PER_TOKEN, "cuda_graphs": True}),
+        (SAMPLE, PER_TOKEN),
+        (SQUARE, {**PER_TOKEN, "finetune": False}),
     ],
 )
 def test_training_compat_accepts(config: PackingConfig, kwargs: dict[str, Any]) -> None:
@@ -380,6 +386,10 @@ def test_training_compat_accepts(config: PackingConfig, kwargs: dict[str, Any]) 
         (CP2, {**PER_TOKEN, "pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size"),
         (CP2, {**PER_TOKEN, "mtp_num_layers": 2}, "mtp_num_layers"),
         (CP2, {**PER_TOKEN, "cuda_graphs": True}, "cuda_graphs"),
+        (SAMPLE, {"calculate_per_token_loss": False, "average_in_collective": False}, "calculate_per_token_loss"),
+        (SQUARE, {"calculate_per_token_loss": False, "average_in_collective": True, "finetune": False},
+         "calculate_per_token_loss=False: loss_reduction='square'"),
+        (SAMPLE, {"calculate_per_token_loss": True, "average_in_collective": True}, "average_in_collective"),
     ],
 )
 def test_training_compat_rejects(config: PackingConfig, kwargs: dict[str, Any], field_name: str) -> None:

@@ -129,7 +129,15 @@ def test_finished_worker_does_not_replay_its_share(dataset, processor):
     assert [row_digest(row) for row in resumed] == reference[-1:]
 
 
-@pytest.mark.parametrize(("field", "change"), [("buffer_size", {"buffer_size": 8}), ("seq_length", {"seq_length": 8192})])
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        ("buffer_size", {"buffer_size": 8}),
+        ("seq_length", {"seq_length": 8192}),
+        ("loss_reduction: saved 'token', current 'sample'", {"loss_reduction": "sample"}),
+    ],
+    ids=["buffer_size", "seq_length", "loss_reduction"],
+)
 def test_restore_under_a_changed_config_names_the_field(dataset, processor, field, change):
     loader = get_packing_loader(dataset, make_config(0), processor)
     next(iter(loader))

@@ -118,14 +118,16 @@ def test_device_batch_keys_and_dtypes():
         "max_seqlen_q",
         "max_seqlen_kv",
         "total_tokens",
+        "loss_tokens",
         "visual_inputs",
         "packed_seq_params",
         "__keys__",
     }
     assert out["tokens"] is out["input_ids"]
     assert out["attention_mask"] is None
-    for key in TOKEN_KEYS + CU_KEYS:
+    for key in TOKEN_KEYS + CU_KEYS + ("loss_tokens",):
         assert out[key].dtype == row[key].dtype and torch.equal(out[key], row[key]), key
+    assert out["loss_tokens"].tolist() == [4, 2]
     for key in ("max_seqlen_q", "max_seqlen_kv"):
         assert out[key].device.type == "cpu" and out[key].dtype == torch.int32 and out[key].dim() == 0
     assert out["total_tokens"] == 16
@@ -165,7 +167,7 @@ def test_cp_split_consistency(cp):
         for key in TOKEN_KEYS:
             assert shard[key].shape[-1] == 48 // cp, key
             assert torch.equal(shard[key], full[key][..., keep]), key
-        for key in CU_KEYS + ("max_seqlen_q", "max_seqlen_kv"):
+        for key in CU_KEYS + ("max_seqlen_q", "max_seqlen_kv", "loss_tokens"):
             assert torch.equal(shard[key], full[key]), key
         assert shard["total_tokens"] == 48
         assert torch.equal(shard["visual_inputs"].pixel_values, full["visual_inputs"].pixel_values)

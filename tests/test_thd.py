@@ -85,6 +85,7 @@ def test_dtypes_and_shapes():
         "cu_seqlens_kv_padded": (torch.int32, (3,)),
         "max_seqlen_q": (torch.int32, ()),
         "max_seqlen_kv": (torch.int32, ()),
+        "loss_tokens": (torch.int32, (2,)),
     }
     for key, (dtype, shape) in expected.items():
         assert row[key].dtype == dtype, key
@@ -92,6 +93,7 @@ def test_dtypes_and_shapes():
     assert set(row) == {*expected, "attention_mask", "total_tokens", "visual_inputs", "__keys__", "__subflavors__"}
     assert isinstance(row["total_tokens"], int)
     assert isinstance(row["visual_inputs"], VisualInputs)
+    assert row["loss_tokens"].tolist() == [2, 1]  # the last token of each segment has no target
 
 
 def test_segment_end_label_and_loss_forced_off():
@@ -205,6 +207,7 @@ def test_row_invariants(spec):
     assert bool((row["labels"][0, gaps] == IGNORE_INDEX).all())
     assert bool((row["loss_mask"][0, gaps] == 0).all())
     assert int(row["loss_mask"].sum()) == sum(lengths) - len(lengths)
+    assert row["loss_tokens"].tolist() == [n - 1 for n in lengths]
     assert int(row["position_ids"].max()) < width and int(row["mrope_position_ids"].max()) < width
     assert torch.equal(row["position_ids"][0, torch.tensor(cu_pad[:-1])], torch.zeros(len(lengths), dtype=torch.int64))
 

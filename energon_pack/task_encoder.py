@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
 import torch
 from megatron.energon import TaskEncoder
 from megatron.energon.flavors.base_dataset import SavableDataset
@@ -23,19 +22,14 @@ from energon_pack.config import PackingConfig
 from energon_pack.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.wrapper import PendingGroupPackingDataset
-from energon_pack.qwen.geometry import (
-    VisionSpec,
-    image_grid,
-    sample_frame_indices,
-    second_per_grid_ts,
-    video_grid,
-)
+from energon_pack.qwen.fit import media_geometry
+from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.media import probe_image, probe_video
 from energon_pack.qwen.pixels import image_pixels, video_pixels
 from energon_pack.qwen.family import processor_family
 from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
-from energon_pack.qwen.template import ChatMarkers, VideoTiming, tokenize_conversation
+from energon_pack.qwen.template import ChatMarkers, tokenize_conversation
 from energon_pack.samples import QwenVLChatSample
 from energon_pack.thd import build_layout_row, collate_rows
 from energon_pack.visual import VisualInputs
@@ -104,29 +98,15 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         if sample.invalid_reason is not None:
             reason, _, detail = sample.invalid_reason.partition(": ")
             raise BadSampleError(reason, detail)
-        image_grids = None
-        if sample.images:
-            sizes = [probe_image(data) for data in sample.images]
-            image_grids = np.array([image_grid(info.height, info.width, self.vision) for info in sizes], dtype=np.int64)
-        video_grids, timings, seconds = None, [], None
-        if sample.videos:
-            grids = []
-            for data in sample.videos:
-                info = probe_video(data)
-                indices = sample_frame_indices(info.num_frames, info.fps, self.vision)
-                timings.append(VideoTiming(total_frames=info.num_frames, fps=info.fps, frame_indices=tuple(indices)))
-                grids.append(video_grid(len(indices), info.height, info.width, self.vision))
-            video_grids = np.array(grids, dtype=np.int64)
-            seconds = [
-                second_per_grid_ts(len(t.frame_indices), t.total_frames, t.fps, self.vision.temporal_patch_size)
-                for t in timings
-            ]
+        geometry = media_geometry(
+            [probe_image(data) for data in sample.images], [probe_video(data) for data in sample.videos], self.vision
+        )
         tokens = tokenize_conversation(
             self.processor,
             sample.conversation,
-            image_grid_thw=image_grids,
-            video_grid_thw=video_grids,
-            videos=timings,
+            image_grid_thw=geometry.image_grid_thw,
+            video_grid_thw=geometry.video_grid_thw,
+            videos=geometry.timings,
             markers=self.markers,
         )
         return PreparedSample.derive_from(
@@ -136,10 +116,10 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             loss_mask=torch.from_numpy(tokens.loss_mask),
             images=sample.images,
             videos=sample.videos,
-            image_grid_thw=None if image_grids is None else torch.from_numpy(image_grids),
-            video_grid_thw=None if video_grids is None else torch.from_numpy(video_grids),
-            second_per_grid_ts=seconds,
-            video_timings=timings or None,
+            image_grid_thw=None if geometry.image_grid_thw is None else torch.from_numpy(geometry.image_grid_thw),
+            video_grid_thw=None if geometry.video_grid_thw is None else torch.from_numpy(geometry.video_grid_thw),
+            second_per_grid_ts=list(geometry.second_per_grid_ts) or None,
+            video_timings=list(geometry.timings) or None,
         )
 
     # --- postencode: pixels and rope positions, only for emitted bins ---------------------

@@ -93,6 +93,41 @@ def expand_media_placeholders(
     return expanded[0]
 
 
+def placeholder_token_count(
+    processor: Any,
+    *,
+    image_grid_thw: np.ndarray | None,
+    video_grid_thw: np.ndarray | None,
+    videos: Sequence[VideoTiming] = (),
+) -> int:
+    """Tokens that a sample's image and video placeholders expand to, without building the long
+    replacements that `expand_media_placeholders` tokenizes.
+
+    Each replacement is the processor's own (``replace_image_token`` / ``replace_video_token``)
+    for a grid of the same temporal length t with one merged patch per step, tokenized (special
+    tokens delimit it, so it tokenizes alone as in context), plus t * (h*w/merge**2 - 1) pad
+    tokens for the other merged patches of each step. Qwen2/2.5-VL: t*h*w/merge**2 per medium;
+    Qwen3-VL videos add each step's timestamp text and its vision start/end tokens.
+
+    Example (Qwen2.5-VL): image grid (1, 4, 6) -> 6; image (1, 4, 6) and video (2, 4, 4) -> 14.
+    """
+    import torch
+
+    merge = int(processor.image_processor.merge_size)
+    total = 0
+    for kind, grids in (("image", image_grid_thw), ("video", video_grid_thw)):
+        for index, (steps, height, width) in enumerate([] if grids is None else np.asarray(grids).tolist()):
+            inputs: dict[str, Any] = {f"{kind}_grid_thw": torch.tensor([[steps, merge, merge]])}
+            if kind == "image":
+                text = processor.replace_image_token(inputs, image_idx=0)
+            else:
+                inputs["video_metadata"] = [videos[index].metadata()]
+                text = processor.replace_video_token(inputs, video_idx=0)
+            tokens = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+            total += tokens + steps * (height * width // merge**2 - 1)
+    return total
+
+
 @dataclass(frozen=True)
 class ChatMarkers:
     """Strings that delimit assistant turns in a ChatML rendering."""

@@ -89,8 +89,7 @@ def to_device_batch(
       (Bridge keeps these on the host), plus ``total_tokens`` (W): the flat metadata Bridge
       turns into PackedSeqParams itself;
     * ``visual_inputs``: a :class:`VisualInputs` on the device with float32 pixels (a uint8
-      payload is normalised there) and no normalisation constants, so Bridge's per-field
-      ``.cuda()`` and its ``normalized_for_model()`` call both work;
+      payload is normalised there, once) and no normalisation constants;
     * ``packed_seq_params``: ready for custom loops - a Megatron-Core
       ``PackedSeqParams(qkv_format="thd", ...)`` with int max_seqlen when megatron.core is
       importable, else a dict with exactly the fields PACKED_SEQ_FIELDS;

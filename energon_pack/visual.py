@@ -24,13 +24,14 @@ MODEL_INPUT_FIELDS = (
     "second_per_grid_ts",
 )
 _PIXEL_FIELDS = ("pixel_values", "pixel_values_videos")
+_CONSTANT_FIELDS = ("image_mean", "image_std", "rescale_factor")
 
 
 def normalize_patches(
     patches: torch.Tensor,
-    mean: Sequence[float],
-    std: Sequence[float],
-    rescale_factor: float,
+    mean: Sequence[float] | torch.Tensor,
+    std: Sequence[float] | torch.Tensor,
+    rescale_factor: float | torch.Tensor,
     channels: int = 3,
 ) -> torch.Tensor:
     """Rescale and normalise uint8 patches [P, C*T*p*p] to float32 [P, C*T*p*p], on their device.
@@ -38,7 +39,8 @@ def normalize_patches(
     Same arithmetic as the Hugging Face fast (torchvision) image processors, which fuse
     rescale + normalise as ``(x - mean/rescale_factor) / (std/rescale_factor)`` per channel,
     in float32. A patchified row is laid out [C, T, p, p], so column j belongs to channel
-    ``j // (D // C)``.
+    ``j // (D // C)``. The constants may be Python numbers or tensors on any device (moved to
+    the patches' device, no host sync); keep ``rescale_factor`` in float64 to stay exact.
 
     Example: one patch of D=6 (C=3, 2 values per channel), mean=(0.5,)*3, std=(0.5,)*3,
     rescale_factor=1/255: ``[[0, 255, 0, 255, 0, 255]] -> [[-1., 1., -1., 1., -1., 1.]]``.
@@ -48,10 +50,13 @@ def normalize_patches(
             f"patches has shape {tuple(patches.shape)}: patches must be 2-D [P, C*T*p*p]; "
             "fix: pass patchified pixels as produced by the Qwen processor"
         )
-    if len(mean) != channels or len(std) != channels:
+    device = patches.device
+    mean_t = torch.as_tensor(mean, dtype=torch.float32).to(device, non_blocking=True).reshape(-1)
+    std_t = torch.as_tensor(std, dtype=torch.float32).to(device, non_blocking=True).reshape(-1)
+    if mean_t.numel() != channels or std_t.numel() != channels:
         raise ValueError(
-            f"mean={tuple(mean)}, std={tuple(std)}: both need one value per channel (channels={channels}); "
-            "fix: pass the processor's image_mean and image_std"
+            f"mean has {mean_t.numel()} values and std {std_t.numel()}: both need one value per channel "
+            f"(channels={channels}); fix: pass the processor's image_mean and image_std"
         )
     width = patches.shape[1]
     if width % channels != 0:
@@ -60,26 +65,29 @@ def normalize_patches(
             "fix: pass channels matching the patchified payload"
         )
     per_channel = width // channels
-    scale = 1.0 / rescale_factor
-    mean_cols = (torch.tensor(mean, dtype=torch.float32, device=patches.device) * scale).repeat_interleave(per_channel)
-    std_cols = (torch.tensor(std, dtype=torch.float32, device=patches.device) * scale).repeat_interleave(per_channel)
+    # 1 / rescale_factor in float64, as the HF processors compute it from a Python float.
+    scale = 1.0 / torch.as_tensor(rescale_factor, dtype=torch.float64).to(device, non_blocking=True)
+    mean_cols = (mean_t * scale).repeat_interleave(per_channel)
+    std_cols = (std_t * scale).repeat_interleave(per_channel)
     return (patches.to(torch.float32) - mean_cols) / std_cols
 
 
 @dataclass(frozen=True, kw_only=True)
 class VisualInputs:
-    """Qwen-VL visual payload of one packed row; every field is None when absent.
+    """Qwen-VL visual payload of one packed row; every field is a tensor or None (None when absent).
 
     pixel_values: [P_img, C*T*p*p] float32 (model-ready) or uint8 (needs normalisation);
     image_grid_thw: int64 [n_img, 3]; pixel_values_videos: [P_vid, C*T*p*p] float32 or uint8;
     video_grid_thw: int64 [n_vid, 3]; second_per_grid_ts: float32 [n_vid] (seconds per temporal
-    grid step, Qwen2.5-VL). image_mean / image_std (per-channel, one value per channel) and
-    rescale_factor (e.g. 1/255) describe a uint8 payload and are None for float payloads.
-    Images and videos share one set of constants (true for the released Qwen-VL processors).
+    grid step, Qwen2.5-VL). image_mean / image_std (float32 [C], as the HF processors hold them)
+    and rescale_factor (float64, 0-dim, e.g. 1/255: float32 would round 1/rescale_factor to
+    254.99998 instead of 255) describe a uint8 payload and are None for float payloads;
+    sequences and numbers given for them are stored as such tensors. Images and videos share one set of
+    constants (true for the released Qwen-VL processors).
 
-    Megatron-Bridge's ``vlm_step`` moves every ``__dict__`` value with ``.cuda()``, which a
-    uint8 payload's tuple/float constants do not support: pass uint8 rows through
-    ``energon_pack.to_device_batch``, which returns a float32 payload with the constants None.
+    Because every value is a tensor or None, Megatron-Bridge's ``vlm_step`` (which moves each
+    ``__dict__`` value with ``.cuda()``) carries a uint8 row to the GPU as is, and
+    :meth:`normalized_for_model` then normalises it there, equal to the float32 payload.
     """
 
     pixel_values: torch.Tensor | None = None
@@ -87,9 +95,9 @@ class VisualInputs:
     pixel_values_videos: torch.Tensor | None = None
     video_grid_thw: torch.Tensor | None = None
     second_per_grid_ts: torch.Tensor | None = None
-    image_mean: tuple[float, ...] | None = None
-    image_std: tuple[float, ...] | None = None
-    rescale_factor: float | None = None
+    image_mean: torch.Tensor | None = None
+    image_std: torch.Tensor | None = None
+    rescale_factor: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
@@ -116,9 +124,18 @@ class VisualInputs:
                 "fix: pass image_mean, image_std and rescale_factor from the processor"
             )
         if self.image_mean is not None:
-            object.__setattr__(self, "image_mean", tuple(float(v) for v in self.image_mean))
-            object.__setattr__(self, "image_std", tuple(float(v) for v in self.image_std))
-            object.__setattr__(self, "rescale_factor", float(self.rescale_factor))
+            mean = torch.as_tensor(self.image_mean, dtype=torch.float32).reshape(-1)
+            std = torch.as_tensor(self.image_std, dtype=torch.float32).reshape(-1)
+            rescale = torch.as_tensor(self.rescale_factor, dtype=torch.float64)
+            if mean.shape != std.shape or rescale.numel() != 1:
+                raise ValueError(
+                    f"image_mean has {mean.numel()} values, image_std {std.numel()}, rescale_factor "
+                    f"{rescale.numel()}: mean and std need one value per channel and rescale_factor one value; "
+                    "fix: pass the processor's image_mean, image_std and rescale_factor"
+                )
+            object.__setattr__(self, "image_mean", mean)
+            object.__setattr__(self, "image_std", std)
+            object.__setattr__(self, "rescale_factor", rescale.reshape(()))
 
     @property
     def is_uint8(self) -> bool:
@@ -139,7 +156,7 @@ class VisualInputs:
                 continue
             if name in _PIXEL_FIELDS and value.dtype == torch.uint8:
                 value = normalize_patches(
-                    value, self.image_mean, self.image_std, self.rescale_factor, channels=len(self.image_mean)
+                    value, self.image_mean, self.image_std, self.rescale_factor, channels=self.image_mean.numel()
                 )
             out[name] = value
         return out
@@ -170,14 +187,17 @@ class VisualInputs:
                     "fix: produce every sample's pixels with the same payload dtype"
                 )
             tensors[name] = torch.cat(present, dim=0) if present else None
-        constants = {(p.image_mean, p.image_std, p.rescale_factor) for p in parts if p.rescale_factor is not None}
-        if len(constants) > 1:
-            raise ValueError(
-                f"samples of one row carry different normalisation constants {sorted(constants)}; "
-                "fix: pack samples produced by one processor only"
-            )
-        mean, std, rescale = constants.pop() if constants else (None, None, None)
-        return cls(**tensors, image_mean=mean, image_std=std, rescale_factor=rescale)
+        carrying = [p for p in parts if p.rescale_factor is not None]
+        first = carrying[0] if carrying else cls()
+        for part in carrying[1:]:
+            if not all(torch.equal(getattr(part, name), getattr(first, name)) for name in _CONSTANT_FIELDS):
+                raise ValueError(
+                    "samples of one row carry different normalisation constants "
+                    f"({[getattr(first, name).tolist() for name in _CONSTANT_FIELDS]} vs "
+                    f"{[getattr(part, name).tolist() for name in _CONSTANT_FIELDS]}); "
+                    "fix: pack samples produced by one processor only"
+                )
+        return cls(**tensors, **{name: getattr(first, name) for name in _CONSTANT_FIELDS})
 
     def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> VisualInputs:
         changes = {

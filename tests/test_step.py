@@ -107,7 +107,8 @@ def test_partition_rejects_unaligned_segments():
 # --------------------------------------------------------------------------- to_device_batch
 
 
-def test_device_batch_keys_and_dtypes():
+def test_device_batch_keys_and_dtypes(monkeypatch):
+    monkeypatch.setitem(sys.modules, "megatron.core.packed_seq_params", None)  # as without Megatron-Core
     row = make_row([5, 3], width=16, multiple=4, uint8=False)
     out = to_device_batch(row, "cpu")
     assert set(out) == {
@@ -155,6 +156,20 @@ def test_uint8_payload_equals_float_payload():
     assert uint8_out["visual_inputs"].rescale_factor is None
     # normalized_for_model on the raw uint8 payload gives the same float pixels.
     assert torch.equal(uint8_row["visual_inputs"].normalized_for_model()["pixel_values"], a["pixel_values"])
+
+
+def test_uint8_payload_moved_field_by_field_normalises_like_float():
+    """The way Megatron-Bridge's get_batch_from_iterator moves a payload: each ``__dict__`` value on its own."""
+    float_row = make_row([7, 6], width=16, multiple=2, uint8=False)
+    uint8_row = make_row([7, 6], width=16, multiple=2, uint8=True)
+    moved = uint8_row["visual_inputs"]
+    for name, value in list(moved.__dict__.items()):
+        moved.__dict__[name] = value.clone() if value is not None else None
+    got = moved.normalized_for_model()
+    want = float_row["visual_inputs"].normalized_for_model()
+    assert got.keys() == want.keys() == {"pixel_values", "image_grid_thw"}
+    for key in want:
+        assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
 
 
 @pytest.mark.parametrize("cp", [2, 4])

@@ -323,7 +323,7 @@ def test_visual_concat_videos_and_constants():
     assert merged.video_grid_thw.tolist() == [[1, 2, 2], [1, 2, 2]]
     assert merged.second_per_grid_ts.tolist() == [1.0, 1.0]
     assert merged.pixel_values.shape == (2, 6)
-    assert merged.image_std == (0.5, 0.5, 0.5)
+    assert merged.image_std.tolist() == [0.5, 0.5, 0.5] and merged.image_std.dtype == torch.float32
     assert VisualInputs.concat([VisualInputs(), VisualInputs()]) == VisualInputs()
 
 
@@ -355,3 +355,21 @@ def test_visual_inputs_validation():
         VisualInputs(image_mean=(0.5,) * 3)
     with pytest.raises(ValueError, match="second_per_grid_ts"):
         VisualInputs(second_per_grid_ts=torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="one value per channel"):
+        VisualInputs(image_mean=(0.5,) * 3, image_std=(0.5,) * 2, rescale_factor=1 / 255)
+
+
+def test_visual_inputs_hold_only_tensors_or_none():
+    """Megatron-Bridge moves every ``__dict__`` value with ``.cuda()``: nothing else may live there."""
+    payload = VisualInputs(
+        pixel_values=torch.zeros(1, 6, dtype=torch.uint8),
+        image_grid_thw=torch.tensor([[1, 1, 1]]),
+        image_mean=[0.5] * 3,
+        image_std=(0.25,) * 3,
+        rescale_factor=1 / 255,
+    )
+    assert all(value is None or isinstance(value, torch.Tensor) for value in payload.__dict__.values())
+    assert payload.image_mean.dtype == payload.image_std.dtype == torch.float32
+    assert payload.rescale_factor.dtype == torch.float64
+    assert payload.image_mean.shape == (3,) and payload.rescale_factor.shape == ()
+    assert all(value is None for value in VisualInputs().__dict__.values())

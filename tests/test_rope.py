@@ -1,4 +1,8 @@
-"""energon_pack.qwen.rope against the Hugging Face models' own get_rope_index (transformers 5.24.0)."""
+"""energon_pack.qwen.rope against the Hugging Face models' own get_rope_index (the installed transformers).
+
+Qwen2.5-VL video time differs between supported releases (whole seconds before 5.18): both rules
+are pinned by golden values here, and the installed release's rule is compared with its model.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 from transformers.processing_utils import ProcessorMixin
 
+from energon_pack.qwen.hf_release import INSTALLED_TRANSFORMERS, qwen25_rope_whole_seconds
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
 
 IMAGE, VIDEO, VISION_START, VISION_END = 151655, 151656, 151652, 151653
@@ -201,7 +206,7 @@ def test_text_only_is_arange_on_all_rows() -> None:
 def test_qwen2_5_video_time_scaling_golden(hf_models) -> None:
     """Grid (3, 2, 2): 3 tokens; 1 s per grid step at 2 tokens/s -> temporal steps of 2.
 
-    The text after the video continues at start + max(gh, gw) = 2 + 1 (transformers 5.24.0),
+    The text after the video continues at start + max(gh, gw) = 2 + 1 (as transformers does),
     below the video's last temporal position 6.
     """
     ids = torch.tensor([10, VISION_START, VIDEO, VIDEO, VIDEO, VISION_END, 11])
@@ -213,24 +218,43 @@ def test_qwen2_5_video_time_scaling_golden(hf_models) -> None:
 
 def test_tokens_per_second_changes_video_time_as_hf(hf_models) -> None:
     ids = torch.tensor([10, VISION_START, *[VIDEO] * 16, VISION_END, IMAGE, IMAGE])
-    sample = Sample(ids, torch.tensor([[1, 2, 4]]), torch.tensor([[4, 4, 4]]), [0.5])
+    sample = Sample(ids, torch.tensor([[1, 2, 4]]), torch.tensor([[4, 4, 4]]), [1.5])
     by_rate = {}
     for rate in (2, 4):
         by_rate[rate] = _ours(sample, RopeSpec(family="qwen2.5-vl", tokens_per_second=rate))
         assert torch.equal(by_rate[rate], _hf_positions(hf_models["qwen2.5-vl", rate], sample))
     video = slice(2, 18)
-    assert by_rate[2][0, video].unique().tolist() == [2, 3, 4, 5]
-    assert by_rate[4][0, video].unique().tolist() == [2, 4, 6, 8]
+    whole = qwen25_rope_whole_seconds()
+    assert by_rate[2][0, video].unique().tolist() == ([2, 4, 6, 8] if whole else [2, 5, 8, 11])
+    assert by_rate[4][0, video].unique().tolist() == ([2, 6, 10, 14] if whole else [2, 8, 14, 20])
     assert torch.equal(by_rate[2][1:], by_rate[4][1:])  # height/width rows do not depend on time
     assert torch.equal(by_rate[2][:, 18:], by_rate[4][:, 18:])
+
+
+@pytest.mark.parametrize(("whole_seconds", "expected"), [(True, [2, 2, 2]), (False, [2, 3, 4])])
+def test_qwen2_5_half_second_steps_under_both_rules(whole_seconds: bool, expected: list[int]) -> None:
+    """0.5 s per grid step at 2 tokens/s: transformers < 5.18 truncates to 0 s, later releases keep it."""
+    ids = torch.tensor([10, VISION_START, VIDEO, VIDEO, VIDEO])
+    sample = Sample(ids, None, torch.tensor([[3, 2, 2]]), [0.5])
+    spec = RopeSpec(family="qwen2.5-vl", tokens_per_second=2, whole_seconds=whole_seconds)
+    assert _ours(sample, spec)[0, 2:].tolist() == expected
+
+
+def test_qwen2_5_rule_follows_the_installed_transformers(hf_models) -> None:
+    spec = RopeSpec(family="qwen2.5-vl", tokens_per_second=2)
+    assert spec.whole_seconds is (INSTALLED_TRANSFORMERS.release < (5, 18))
+    assert RopeSpec.from_model_config(Qwen2_5_VLConfig(vision_config={"tokens_per_second": 2})) == spec
+    sample = Sample(torch.tensor([VIDEO] * 3), None, torch.tensor([[3, 2, 2]]), [0.5])
+    assert torch.equal(_ours(sample, spec), _hf_positions(hf_models["qwen2.5-vl", 2], sample))
 
 
 def test_qwen2_5_time_truncation_uses_float32_like_the_processor_output(hf_models) -> None:
     """0.4999999999 s is 0.5 in float32: steps 0, 1, 2 (exact float64 math would give 0, 0, 1)."""
     ids = torch.tensor([VIDEO] * 3)
     sample = Sample(ids, None, torch.tensor([[3, 2, 2]]), [0.4999999999])
+    fractional = _ours(sample, RopeSpec(family="qwen2.5-vl", tokens_per_second=2, whole_seconds=False))
+    assert fractional[0].tolist() == [0, 1, 2]
     positions = _ours(sample, RopeSpec(family="qwen2.5-vl", tokens_per_second=2))
-    assert positions[0].tolist() == [0, 1, 2]
     assert torch.equal(positions, _hf_positions(hf_models["qwen2.5-vl", 2], sample))
 
 
@@ -276,6 +300,7 @@ def test_from_model_config_rejects_other_models() -> None:
     [
         ({"family": "qwen2.5-vl"}, "tokens_per_second=None"),
         ({"family": "qwen3-vl", "tokens_per_second": 2}, "no effect"),
+        ({"family": "qwen2-vl", "whole_seconds": True}, "whole_seconds=True has no effect"),
         ({"family": "qwen2-vl", "spatial_merge_size": 0}, "spatial_merge_size=0"),
         ({"family": "llava"}, "family='llava'"),
         ({"family": "qwen2-vl", "video_token_id": IMAGE}, "must differ"),

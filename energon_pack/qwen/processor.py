@@ -190,11 +190,13 @@ def _offline_processor(family: str) -> Any:
     )
 
     processor_class = Qwen2_5_VLProcessor if family == "qwen2.5-vl" else Qwen2VLProcessor
+    # Releases with a per-frame pixel cap (not 5.12) warn on every call unless it is stated;
+    # False is their default behaviour and what older releases always do.
+    has_frame_cap = hasattr(Qwen2VLVideoProcessor, "cap_pixels_per_frame")
     return processor_class(
         image_processor=Qwen2VLImageProcessor(),
         tokenizer=tokenizer,
-        # False is the class default's behaviour, stated so the processor stops warning on every call.
-        video_processor=Qwen2VLVideoProcessor(cap_pixels_per_frame=False),
+        video_processor=Qwen2VLVideoProcessor(**({"cap_pixels_per_frame": False} if has_frame_cap else {})),
         chat_template=chat_template_for(family),
     )
 

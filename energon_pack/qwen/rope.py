@@ -1,7 +1,7 @@
 """Qwen-VL 3-D rope positions (M-RoPE) for one unpacked sample.
 
 Reproduces ``get_rope_index`` of the Hugging Face Qwen2-VL, Qwen2.5-VL and
-Qwen3-VL models (transformers 5.24.0, called with ``mm_token_type_ids``):
+Qwen3-VL models (transformers 5.12 to 5.24, called with ``mm_token_type_ids``):
 
 - tokens are grouped into runs of equal modality (text, image token, video
   token), exactly as the processor's ``mm_token_type_ids`` marks them;
@@ -10,10 +10,14 @@ Qwen3-VL models (transformers 5.24.0, called with ``mm_token_type_ids``):
 - a vision run (one image, one video, or for Qwen3-VL one video frame) with
   merged grid ``(t, gh, gw)`` gets rows ``(p + temporal(i), p + row, p + col)``
   in raster order and advances ``p`` by ``max(gh, gw)`` only (not by the
-  temporal extent: this is what transformers 5.24.0 does);
+  temporal extent: this is what transformers does);
 - ``temporal(i) = i`` except for Qwen2.5-VL videos, where it is
   ``long(i * tokens_per_second * second_per_grid_ts[video])`` in the dtype of
-  ``second_per_grid_ts`` (float32, as the processor returns it).
+  ``second_per_grid_ts`` (float32, as the processor returns it) from transformers 5.18
+  on, and ``i * tokens_per_second * int(second_per_grid_ts[video])`` before (seconds
+  truncated to whole seconds first: 0.5 s per grid step gives 0, 0, 0 instead of 0, 1, 2
+  at 2 tokens per second). ``RopeSpec.whole_seconds`` selects the rule; by default it
+  follows the installed transformers.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 import torch
 
 from energon_pack.qwen.family import FAMILIES, Family
+from energon_pack.qwen.hf_release import qwen25_rope_whole_seconds
 
 _FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
     "qwen2_vl": "qwen2-vl",
@@ -43,11 +48,16 @@ class RopeSpec:
     ``spatial_merge_size``: patches merged per side into one LLM token.
     ``tokens_per_second``: temporal positions per second of video; Qwen2.5-VL
     only (2 for the released checkpoints), must be None for other families.
+    ``whole_seconds``: Qwen2.5-VL only: True truncates each video's seconds per grid
+    step to whole seconds before scaling (transformers < 5.18), False keeps the fraction
+    and floors each grid step's position (transformers >= 5.18); None (the default)
+    becomes what the installed transformers does. Must stay None for other families.
     """
 
     family: Family
     spatial_merge_size: int = 2
     tokens_per_second: float | None = None
+    whole_seconds: bool | None = None
     image_token_id: int = 151655
     video_token_id: int = 151656
 
@@ -68,11 +78,15 @@ class RopeSpec:
                     f"RopeSpec.tokens_per_second={self.tokens_per_second!r}: qwen2.5-vl needs a positive "
                     "value; pass the model's vision_config.tokens_per_second (2 for released checkpoints)."
                 )
-        elif self.tokens_per_second is not None:
-            raise ValueError(
-                f"RopeSpec.tokens_per_second={self.tokens_per_second!r} has no effect for family "
-                f"{self.family!r} (only qwen2.5-vl scales video time); leave it None."
-            )
+            if self.whole_seconds is None:
+                object.__setattr__(self, "whole_seconds", qwen25_rope_whole_seconds())
+        else:
+            for name in ("tokens_per_second", "whole_seconds"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"RopeSpec.{name}={getattr(self, name)!r} has no effect for family "
+                        f"{self.family!r} (only qwen2.5-vl scales video time); leave it None."
+                    )
         if self.image_token_id == self.video_token_id:
             raise ValueError(
                 f"RopeSpec.image_token_id and video_token_id are both {self.image_token_id}; "
@@ -214,7 +228,8 @@ def _video_blocks(
 
     Qwen3-VL: one block per frame (temporal grid step), offsets [0]. Qwen2-VL: offsets 0..t-1.
     Qwen2.5-VL: ``long(i * tokens_per_second * seconds)`` computed with the same torch scalar
-    types as HF (float32 seconds, as the processor returns them), so truncation rounds identically.
+    types as HF (float32 seconds, as the processor returns them), so truncation rounds identically;
+    with ``spec.whole_seconds`` the seconds are truncated first (``int(seconds)``).
     """
     if spec.family == "qwen3-vl":
         return [((gh, gw), np.zeros(1, dtype=np.int64)) for t, gh, gw in videos for _ in range(t)]
@@ -229,7 +244,8 @@ def _video_blocks(
                 f"second_per_grid_ts has {len(seconds)} values but video_grid_thw has {len(videos)} videos; "
                 "give one value per video (temporal_patch_size / sampled fps)."
             )
+    steps = [int(step) for step in seconds] if spec.whole_seconds else seconds
     return [
         ((gh, gw), (torch.arange(t) * (spec.tokens_per_second * step)).long().numpy())
-        for (t, gh, gw), step in zip(videos, seconds)
+        for (t, gh, gw), step in zip(videos, steps)
     ]

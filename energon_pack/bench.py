@@ -18,6 +18,7 @@ on the same samples, interleaved sample by sample, so the ratio holds on a noisy
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import time
@@ -73,13 +74,21 @@ def bench_samples(work_dir: Path, num_samples: int, *, seed: int = 0) -> list[Qw
 
 
 def hf_processor_outputs(
-    processor: Any, messages: Sequence[dict], images: Sequence[bytes], videos: Sequence[bytes]
+    processor: Any,
+    messages: Sequence[dict],
+    images: Sequence[bytes],
+    videos: Sequence[bytes],
+    *,
+    image_max_pixels: int | None = None,
+    max_frames: int | None = None,
 ) -> Any:
     """The Hugging Face processor output for one chat, called as docs/batch_contract.md says.
 
     Images go in as opened PIL images; video frames are decoded with PyAV (rgb24) at the
     frame indices of ``sample_frame_indices`` and passed with ``do_sample_frames=False`` and
     their ``VideoMetadata``. Returns the processor's ``BatchFeature`` (tensors, batch of 1).
+    Per-sample limits, when given, go into this call only: ``image_max_pixels`` as the image
+    processor's ``size["longest_edge"]``, ``max_frames`` into the frame sampling.
     """
     from PIL import Image
 
@@ -88,9 +97,12 @@ def hf_processor_outputs(
     from energon_pack.qwen.pixels import decode_video_frames
     from energon_pack.qwen.template import VideoTiming
 
-    video_kwargs: dict[str, Any] = {}
+    call_kwargs: dict[str, Any] = {}
+    if image_max_pixels is not None:
+        call_kwargs["images_kwargs"] = {"size": {**dict(processor.image_processor.size), "longest_edge": image_max_pixels}}
     if videos:
         spec = VisionSpec.from_processor(processor)
+        spec = spec if max_frames is None else dataclasses.replace(spec, max_frames=max_frames)
         frames, metadata = [], []
         for data in videos:
             info = probe_video(data)
@@ -101,12 +113,12 @@ def hf_processor_outputs(
             )
             frames.append(decode_video_frames(data, timing.frame_indices, timing.total_frames))
             metadata.append(timing.metadata())
-        video_kwargs = dict(videos=frames, video_metadata=metadata, do_sample_frames=False)
+        call_kwargs.update(videos=frames, video_metadata=metadata, do_sample_frames=False)
     return processor(
         text=[processor.apply_chat_template(list(messages))],
         images=[Image.open(io.BytesIO(data)) for data in images] or None,
         return_tensors="pt",
-        **video_kwargs,
+        **call_kwargs,
     )
 
 

@@ -42,7 +42,7 @@ __all__ = [
 
 _LOG = logging.getLogger(__name__)
 
-OVERLONG_POLICIES: tuple[str, ...] = ("skip", "error")
+OVERLONG_POLICIES: tuple[str, ...] = ("skip", "error", "shrink")
 PIXEL_DTYPES: tuple[str, ...] = ("float32", "uint8")
 
 _ABSENT = object()
@@ -380,13 +380,22 @@ class PackingPolicy:
     buffer_size: samples in the packing (reading) buffer.
     max_wait_rounds: most buffer rounds an under-filled bin is held back as a pending group.
     min_fill: fill fraction in (0, 1] at which a bin is emitted without waiting.
-    on_overlong: a sample longer than ``seq_length`` after alignment is skipped (counted) or raises.
+    max_row_vision_patches: most ViT input patches per row (sum of t*h*w over the row's image and
+        video grids, before the 2x2 merge); None = no limit.
+    max_row_media: most images + videos per row; None = no limit.
+    on_overlong: a sample that fits no row (longer than ``seq_length`` after alignment, or over a
+        per-row vision limit) is skipped (counted), raises, or is shrunk ("shrink": its images'
+        pixel budget, then its videos' frame count, lowered to the largest setting that fits;
+        skipped when even the processor's minimum does not fit, or when it has more media than
+        ``max_row_media``).
     """
 
     buffer_size: int = 16
     max_wait_rounds: int = 4
     min_fill: float = 0.99
-    on_overlong: Literal["skip", "error"] = "skip"
+    max_row_vision_patches: int | None = None
+    max_row_media: int | None = None
+    on_overlong: Literal["skip", "error", "shrink"] = "skip"
 
     def __post_init__(self) -> None:
         if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
@@ -406,6 +415,8 @@ class PackingPolicy:
                 f"min_fill={self.min_fill!r}: must be a number in (0, 1] (fraction of seq_length); "
                 "fix: set min_fill to e.g. 0.99"
             )
+        yield _int_problem("max_row_vision_patches", self.max_row_vision_patches, minimum=1, optional=True)
+        yield _int_problem("max_row_media", self.max_row_media, minimum=1, optional=True)
         yield _choice_problem("on_overlong", self.on_overlong, OVERLONG_POLICIES)
 
 

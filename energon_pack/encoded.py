@@ -3,7 +3,8 @@
 ``PreparedSample`` (after preencode): cheap to buffer: compressed media bytes, token arrays and
 geometry, no pixels. ``EncodedSample`` (after postencode): one ``PackedSegment`` with pixels and
 rope positions. ``PackedRow`` (after pack_selected_samples): the segments of one row plus the
-worker's statistics snapshot; ``batch`` turns it into the THD dict.
+worker's statistics snapshot, and what the row costs the model (``row_cost``); ``batch`` turns
+it into the THD dict.
 """
 
 from __future__ import annotations
@@ -59,6 +60,16 @@ class PackedSegment:
         """Number of real tokens L."""
         return self.input_ids.numel()
 
+    @property
+    def vision_patches(self) -> int:
+        """ViT input patches: sum of t*h*w over the image and video grids (before the 2x2 merge)."""
+        return _grid_patches(self.visual.image_grid_thw, self.visual.video_grid_thw)
+
+
+def _grid_patches(*grids: torch.Tensor | None) -> int:
+    """Sum of t*h*w over [n, 3] grids (None counts 0). Example: [[1, 4, 6]], [[2, 2, 2]] -> 32."""
+    return sum(int(grid.prod(dim=-1).sum()) for grid in grids if grid is not None)
+
 
 @edataclass
 class PreparedSample(Sample):
@@ -86,6 +97,12 @@ class PreparedSample(Sample):
     video_timings: Optional[list[VideoTiming]] = None
     #: ``"<reason>: <detail>"`` for a bad sample, else None.
     skip_reason: Optional[str] = None
+    #: Per-sample limits that ``on_overlong="shrink"`` set: pixels per image and frames sampled
+    #: per video (None: the processor's own).
+    image_max_pixels: Optional[int] = None
+    video_max_frames: Optional[int] = None
+    #: Token count before ``on_overlong="shrink"`` lowered the media limits, else None.
+    tokens_before_shrink: Optional[int] = None
 
     @property
     def num_tokens(self) -> int:
@@ -95,7 +112,7 @@ class PreparedSample(Sample):
     @property
     def vision_patches(self) -> int:
         """ViT input patches of all media: sum of t*h*w over the image and video grids (before the 2x2 merge)."""
-        return sum(int(grid.prod(dim=-1).sum()) for grid in (self.image_grid_thw, self.video_grid_thw) if grid is not None)
+        return _grid_patches(self.image_grid_thw, self.video_grid_thw)
 
     @property
     def num_media(self) -> int:
@@ -124,9 +141,45 @@ class EncodedSample(Sample):
     segment: PackedSegment
 
 
+#: Keys of `PackedRow.row_cost`, in report order.
+ROW_COST_KEYS: tuple[str, ...] = (
+    "real_tokens",
+    "supervised_tokens",
+    "segments",
+    "images",
+    "videos",
+    "vision_patches",
+    "sum_squared_lengths",
+)
+
+
 @edataclass
 class PackedRow(Sample):
     """The segments of one row (in row order) and the emitting worker's statistics snapshot."""
 
     segments: list[PackedSegment]
     stats: dict[str, Any]
+
+    @property
+    def row_cost(self) -> dict[str, int]:
+        """What the row costs the model, by `ROW_COST_KEYS`: real tokens, supervised tokens
+        (loss_mask != 0), segments, images, videos, ViT input patches, and the sum of squared
+        segment lengths (the attention term).
+
+        Example: segments of 3 tokens (2 supervised) and 5 tokens (1 supervised, one 1x4x6
+        image) -> ``{"real_tokens": 8, "supervised_tokens": 3, "segments": 2, "images": 1,
+        "videos": 0, "vision_patches": 24, "sum_squared_lengths": 34}``.
+        """
+
+        def count(grid: torch.Tensor | None) -> int:
+            return 0 if grid is None else int(grid.shape[0])
+
+        return {
+            "real_tokens": sum(s.length for s in self.segments),
+            "supervised_tokens": sum(int((s.loss_mask != 0).sum()) for s in self.segments),
+            "segments": len(self.segments),
+            "images": sum(count(s.visual.image_grid_thw) for s in self.segments),
+            "videos": sum(count(s.visual.video_grid_thw) for s in self.segments),
+            "vision_patches": sum(s.vision_patches for s in self.segments),
+            "sum_squared_lengths": sum(s.length**2 for s in self.segments),
+        }

@@ -34,13 +34,38 @@ class PackingStats(Savable):
     max_wait_rounds_seen: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     fill_histogram: list[int] = field(default_factory=lambda: [0] * FILL_BINS)
+    #: Samples shrunk to fit a row (``on_overlong="shrink"``), and their token counts before and after.
+    shrunk: int = 0
+    shrunk_tokens_before: int = 0
+    shrunk_tokens_after: int = 0
+    #: Per row-cost key (``PackedRow.row_cost``): its sum and its largest value over the rows.
+    row_cost_sum: dict[str, int] = field(default_factory=dict)
+    row_cost_max: dict[str, int] = field(default_factory=dict)
 
     def count_skip(self, reason: str) -> None:
         """Count one skipped sample under ``reason`` (a short snake_case key)."""
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
-    def count_row(self, real_tokens: int, width: int, num_samples: int, *, flush: bool = False) -> None:
-        """Count one emitted row of ``width`` slots holding ``real_tokens`` tokens of ``num_samples`` samples."""
+    def count_shrunk(self, tokens_before: int, tokens_after: int) -> None:
+        """Count one sample shrunk from ``tokens_before`` to ``tokens_after`` tokens."""
+        self.shrunk += 1
+        self.shrunk_tokens_before += tokens_before
+        self.shrunk_tokens_after += tokens_after
+
+    def count_row(
+        self,
+        real_tokens: int,
+        width: int,
+        num_samples: int,
+        *,
+        flush: bool = False,
+        cost: Mapping[str, int] | None = None,
+    ) -> None:
+        """Count one emitted row of ``width`` slots holding ``real_tokens`` tokens of ``num_samples``
+        samples, and its ``cost`` (``PackedRow.row_cost``) when given."""
+        for key, value in (cost or {}).items():
+            self.row_cost_sum[key] = self.row_cost_sum.get(key, 0) + value
+            self.row_cost_max[key] = max(self.row_cost_max.get(key, 0), value)
         if flush:
             self.flush_rows += 1
             self.flush_real_tokens += real_tokens
@@ -70,22 +95,33 @@ def fill(real_tokens: int, row_slots: int) -> float:
 
 
 def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Sum per-worker snapshots into one report dict (adds ``fill`` and ``skipped_total``).
+    """Sum per-worker snapshots into one report dict (adds ``fill``, ``skipped_total`` and, per
+    row-cost key, ``row_cost_mean`` (per row) and ``row_cost_max`` (over every worker's rows)).
 
     Example: two workers with rows 3 and 4 -> ``{"rows": 7, ...}``.
     """
     total: dict[str, Any] = {"workers": 0, "skipped": Counter(), "fill_histogram": [0] * FILL_BINS}
-    summed = ("samples_in", "samples_packed", "rows", "real_tokens", "row_slots", "rounds", "flush_rows", "flush_real_tokens")
+    summed = (
+        "samples_in", "samples_packed", "rows", "real_tokens", "row_slots", "rounds", "flush_rows", "flush_real_tokens",
+        "shrunk", "shrunk_tokens_before", "shrunk_tokens_after",
+    )
     for name in summed:
         total[name] = 0
     total["max_wait_rounds_seen"] = 0
+    cost_sum: Counter[str] = Counter()
+    cost_max: dict[str, int] = {}
     for snap in snapshots:
         total["workers"] += 1
         for name in summed:
-            total[name] += snap[name]
+            total[name] += snap.get(name, 0)
         total["max_wait_rounds_seen"] = max(total["max_wait_rounds_seen"], snap["max_wait_rounds_seen"])
         total["skipped"].update(snap["skipped"])
         total["fill_histogram"] = [a + b for a, b in zip(total["fill_histogram"], snap["fill_histogram"])]
+        cost_sum.update(snap.get("row_cost_sum", {}))
+        for key, value in snap.get("row_cost_max", {}).items():
+            cost_max[key] = max(cost_max.get(key, 0), value)
+    total["row_cost_mean"] = {key: value / total["rows"] for key, value in cost_sum.items()} if total["rows"] else {}
+    total["row_cost_max"] = cost_max
     total["skipped"] = dict(sorted(total["skipped"].items()))
     total["skipped_total"] = sum(total["skipped"].values())
     total["fill"] = fill(total["real_tokens"], total["row_slots"])

@@ -18,18 +18,24 @@ from megatron.energon.task_encoder.base import stateless
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers.batch_dataset import BatchDataset
 
+from energon_pack.alignment import aligned_length
 from energon_pack.config import PackingConfig
 from energon_pack.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.wrapper import PendingGroupPackingDataset
-from energon_pack.qwen.fit import media_geometry
+from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
-from energon_pack.qwen.media import probe_image, probe_video
+from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_image, probe_video
 from energon_pack.qwen.pixels import image_pixels, video_pixels
 from energon_pack.qwen.family import processor_family
 from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
-from energon_pack.qwen.template import ChatMarkers, tokenize_conversation
+from energon_pack.qwen.template import (
+    ChatMarkers,
+    TokenizedConversation,
+    placeholder_token_count,
+    tokenize_conversation,
+)
 from energon_pack.samples import QwenVLChatSample
 from energon_pack.thd import build_layout_row, collate_rows
 from energon_pack.visual import VisualInputs
@@ -98,17 +104,17 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         if sample.invalid_reason is not None:
             reason, _, detail = sample.invalid_reason.partition(": ")
             raise BadSampleError(reason, detail)
-        geometry = media_geometry(
-            [probe_image(data) for data in sample.images], [probe_video(data) for data in sample.videos], self.vision
-        )
-        tokens = tokenize_conversation(
-            self.processor,
-            sample.conversation,
-            image_grid_thw=geometry.image_grid_thw,
-            video_grid_thw=geometry.video_grid_thw,
-            videos=geometry.timings,
-            markers=self.markers,
-        )
+        images = [probe_image(data) for data in sample.images]
+        videos = [probe_video(data) for data in sample.videos]
+        geometry = media_geometry(images, videos, self.vision)
+        tokens = self._tokenize(sample, geometry)
+        limits = tokens_before_shrink = None
+        if self.config.policy.on_overlong == "shrink" and not self._fits_row(len(tokens.input_ids), geometry):
+            limits = self._shrink_limits(images, videos, geometry, len(tokens.input_ids))
+            if limits is not None:
+                tokens_before_shrink = len(tokens.input_ids)
+                geometry = media_geometry(images, videos, limits.apply(self.vision))
+                tokens = self._tokenize(sample, geometry)
         return PreparedSample.derive_from(
             sample,
             input_ids=torch.from_numpy(tokens.input_ids),
@@ -120,6 +126,49 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             video_grid_thw=None if geometry.video_grid_thw is None else torch.from_numpy(geometry.video_grid_thw),
             second_per_grid_ts=list(geometry.second_per_grid_ts) or None,
             video_timings=list(geometry.timings) or None,
+            image_max_pixels=None if limits is None else limits.image_max_pixels,
+            video_max_frames=None if limits is None else limits.max_frames,
+            tokens_before_shrink=tokens_before_shrink,
+        )
+
+    def _tokenize(self, sample: QwenVLChatSample, geometry: MediaGeometry) -> TokenizedConversation:
+        return tokenize_conversation(
+            self.processor,
+            sample.conversation,
+            image_grid_thw=geometry.image_grid_thw,
+            video_grid_thw=geometry.video_grid_thw,
+            videos=geometry.timings,
+            markers=self.markers,
+        )
+
+    def _fits_row(self, num_tokens: int, geometry: MediaGeometry) -> bool:
+        """Whether a sample of ``num_tokens`` tokens with this media geometry fits one row (width,
+        vision patch budget); the media count limit is the packing stage's to check."""
+        budget = self.config.policy.max_row_vision_patches
+        return aligned_length(num_tokens, self.config.row.pad_multiple) <= self.config.row.seq_length and (
+            budget is None or geometry.vision_patches <= budget
+        )
+
+    def _shrink_limits(
+        self, images: list[ImageInfo], videos: list[VideoInfo], geometry: MediaGeometry, num_tokens: int
+    ) -> MediaLimits | None:
+        """The largest per-sample media limits under which the sample fits one row (None: none does).
+
+        Only the placeholder expansions change with the limits, so a candidate's token count is
+        ``num_tokens`` less the current expansions plus the candidate's (`placeholder_token_count`).
+        """
+
+        def expansion(candidate: MediaGeometry) -> int:
+            return placeholder_token_count(
+                self.processor,
+                image_grid_thw=candidate.image_grid_thw,
+                video_grid_thw=candidate.video_grid_thw,
+                videos=candidate.timings,
+            )
+
+        text_tokens = num_tokens - expansion(geometry)
+        return shrink_limits(
+            images, videos, self.vision, fits=lambda candidate: self._fits_row(text_tokens + expansion(candidate), candidate)
         )
 
     # --- postencode: pixels and rope positions, only for emitted bins ---------------------
@@ -130,7 +179,11 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         pixel_values = pixel_values_videos = None
         if sample.images:
             pixel_values = image_pixels(
-                self.processor, sample.images, sample.image_grid_thw.numpy(), uint8=self.uint8_pixels
+                self.processor,
+                sample.images,
+                sample.image_grid_thw.numpy(),
+                uint8=self.uint8_pixels,
+                max_pixels=sample.image_max_pixels,
             )
         if sample.videos:
             pixel_values_videos = video_pixels(
@@ -186,6 +239,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
     def _thd_row(self, row: PackedRow) -> dict:
         out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id)
         out["__stats__"] = row.stats
+        out["row_cost"] = row.row_cost
         out["__restore_key__"] = row.__restore_key__
         return out
 

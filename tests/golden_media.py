@@ -206,9 +206,21 @@ def chat_sample(golden: GoldenSample, key: str) -> QwenVLChatSample:
     )
 
 
-def hf_reference(processor: Any, messages: list[Message], images: list[bytes], videos: list[bytes]) -> Any:
+def hf_reference(
+    processor: Any,
+    messages: list[Message],
+    images: list[bytes],
+    videos: list[bytes],
+    *,
+    image_max_pixels: int | None = None,
+    max_frames: int | None = None,
+) -> Any:
     """The Hugging Face processor output for one chat, called exactly as docs/batch_contract.md says:
     ``processor(text=[processor.apply_chat_template(messages)], images=[PIL images] or None,
     videos=[PyAV rgb24 frames at the sampled indices], video_metadata=[VideoMetadata(T, fps_in,
-    indices)], do_sample_frames=False, return_tensors="pt")`` (``energon_pack.bench.hf_processor_outputs``)."""
-    return hf_processor_outputs(processor, messages, images, videos)
+    indices)], do_sample_frames=False, return_tensors="pt")`` (``energon_pack.bench.hf_processor_outputs``);
+    per-sample limits (a shrunk sample) go into that call only: ``image_max_pixels`` as the image
+    size limit, ``max_frames`` into the frame sampling."""
+    return hf_processor_outputs(
+        processor, messages, images, videos, image_max_pixels=image_max_pixels, max_frames=max_frames
+    )

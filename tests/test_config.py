@@ -55,6 +55,9 @@ INVALID_CONFIGS: list[tuple[dict[str, Any], str]] = [
     ({"seq_length": 8192, "min_fill": float("nan")}, "min_fill"),
     ({"seq_length": 8192, "min_fill": True}, "min_fill"),
     ({"seq_length": 8192, "on_overlong": "truncate"}, "on_overlong"),
+    ({"seq_length": 8192, "max_row_vision_patches": 0}, "max_row_vision_patches"),
+    ({"seq_length": 8192, "max_row_vision_patches": 1.5}, "max_row_vision_patches"),
+    ({"seq_length": 8192, "max_row_media": 0}, "max_row_media"),
     ({"seq_length": 8192, "pixel_dtype": "bfloat16"}, "pixel_dtype"),
     ({"seq_length": 8192, "loss_reduction": "mean"}, "loss_reduction"),
     ({"seq_length": 8192, "num_workers": -1}, "num_workers"),
@@ -246,7 +249,9 @@ valid_configs = topologies.flatmap(
         buffer_size=st.integers(1, 64),
         max_wait_rounds=st.integers(0, 8),
         min_fill=st.floats(0.01, 1.0),
-        on_overlong=st.sampled_from(["skip", "error"]),
+        on_overlong=st.sampled_from(["skip", "error", "shrink"]),
+        max_row_vision_patches=st.one_of(st.none(), st.integers(1, 10**6)),
+        max_row_media=st.one_of(st.none(), st.integers(1, 64)),
         pixel_dtype=st.sampled_from(["float32", "uint8"]),
         loss_reduction=st.sampled_from(["token", "sample", "square"]),
         shuffle_buffer_size=st.one_of(st.none(), st.integers(1, 1000)),
@@ -297,6 +302,7 @@ FINGERPRINT_KEYS = {
     "seq_length", "pad_multiple", "width_multiple", "buffer_size", "max_wait_rounds", "min_fill",
     "max_segments", "pad_cu_seqlens", "fixed_width", "num_workers", "shuffle_buffer_size",
     "max_samples_per_sequence", "seed", "pixel_dtype", "loss_reduction", "on_overlong", "repeat",
+    "max_row_vision_patches", "max_row_media",
 }
 
 

@@ -76,11 +76,20 @@ def _payload_kwargs(uint8: bool) -> dict[str, Any]:
 
 
 def image_pixels(
-    processor: Any, images: Sequence[bytes], expected_grid_thw: np.ndarray, *, uint8: bool = False
+    processor: Any,
+    images: Sequence[bytes],
+    expected_grid_thw: np.ndarray,
+    *,
+    uint8: bool = False,
+    max_pixels: int | None = None,
 ) -> torch.Tensor:
-    """``pixel_values`` [P, C*T*p*p] (float32, or uint8 with ``uint8=True``) of a sample's images."""
+    """``pixel_values`` [P, C*T*p*p] (float32, or uint8 with ``uint8=True``) of a sample's images;
+    ``max_pixels`` overrides the processor's pixel limit per image for this call (a shrunk sample)."""
     decoded = [decode_image(data) for data in images]
-    out = processor.image_processor(images=decoded, return_tensors="pt", **_payload_kwargs(uint8))
+    kwargs = _payload_kwargs(uint8)
+    if max_pixels is not None:
+        kwargs["size"] = {**dict(processor.image_processor.size), "longest_edge": max_pixels}
+    out = processor.image_processor(images=decoded, return_tensors="pt", **kwargs)
     _check_grid("image", out["image_grid_thw"], expected_grid_thw)
     pixels = out["pixel_values"]
     return pixels.to(torch.uint8) if uint8 else pixels

@@ -3,11 +3,13 @@
 Energon's own ``PackingDataset`` drops every sample its selector does not return and cannot
 carry under-filled bins across rounds, so this stage replaces it. Per worker it
 
-1. admits prepared samples into the reading buffer (bad-sample markers and overlong samples
-   are counted and dropped, never buffered);
+1. admits prepared samples into the reading buffer (bad-sample markers and samples that fit
+   no row, being overlong or over a per-row vision budget on their own, are counted and
+   dropped, never buffered);
 2. when ``buffer_size`` new samples have arrived (or the stream ended), runs one selection
-   round over new + pending samples (``select_bins``): full bins and bins holding a sample
-   that waited ``max_wait_rounds`` rounds become ready, the rest stays pending;
+   round over new + pending samples (``select_bins``, within the row's width and vision
+   budgets): full bins and bins holding a sample that waited ``max_wait_rounds`` rounds
+   become ready, the rest stays pending;
 3. pops one ready bin at a time, postencodes only its samples (pixels), packs them and yields
    the row. At the end of a finite stream everything pending is flushed.
 
@@ -40,7 +42,7 @@ from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError
 from energon_pack.alignment import aligned_length
-from energon_pack.packing.algorithms import PackItem, select_bins
+from energon_pack.packing.algorithms import PackItem, RowBudget, select_bins
 from energon_pack.stats import PackingStats, publish_snapshot, worker_telemetry
 
 logger = logging.getLogger(__name__)
@@ -82,8 +84,15 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         super().__init__(dataset, worker_config=worker_config)
         #: Row width, alignment multiple and segment limit of the rows this stage fills.
         self.row = row
-        #: Buffer size, wait bound, min fill and overlong policy of the bin selection.
+        #: Buffer size, wait bound, min fill, vision budgets and overlong policy of the bin selection.
         self.policy = policy
+        #: What one row may hold: width, segments, vision patches, media.
+        self.budget = RowBudget(
+            tokens=row.seq_length,
+            segments=row.max_segments,
+            vision_patches=policy.max_row_vision_patches,
+            media=policy.max_row_media,
+        )
         self.postencode = postencode
         self.pack = pack
         #: Folder where each worker publishes its statistics for ``PackingDataLoader.stats()``.
@@ -160,25 +169,50 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             self._admit(sample)
 
     def _admit(self, sample: PreparedSample) -> None:
-        """Count ``sample``; buffer it unless it is a bad-sample marker or overlong."""
+        """Count ``sample``; buffer it unless it is a bad-sample marker or fits no row."""
         self._stats.samples_in += 1
         if sample.skip_reason is not None:
             self._skip(sample, sample.skip_reason)
             return
-        slots = aligned_length(sample.num_tokens, self.row.pad_multiple)
-        if slots > self.row.seq_length:
-            detail = (
-                f"sample {sample.__key__!r} has {sample.num_tokens} tokens ({slots} slots aligned to "
-                f"{self.row.pad_multiple}) but seq_length is {self.row.seq_length}"
-            )
+        misfit = self._misfit(sample)
+        if misfit is not None:
+            reason, detail, fix = misfit
             if self.policy.on_overlong == "error":
-                raise ValueError(
-                    f"{detail}; rule: every sample must fit one row; fix: raise seq_length, lower the "
-                    "processor's max_pixels / max_frames, or set on_overlong='skip'"
-                )
-            self._skip(sample, f"overlong: {detail}")
+                raise ValueError(f"{detail}; rule: every sample must fit one row; fix: {fix}")
+            self._skip(sample, f"{reason}: {detail}")
             return
+        if sample.tokens_before_shrink is not None:
+            self._stats.count_shrunk(sample.tokens_before_shrink, sample.num_tokens)
+            logger.info(
+                "energon_pack: sample %r shrunk from %d to %d tokens (image max_pixels %s, max_frames %s)",
+                sample.__key__, sample.tokens_before_shrink, sample.num_tokens, sample.image_max_pixels,
+                sample.video_max_frames,
+            )
         self._reading_buffer.append(sample)
+
+    def _misfit(self, sample: PreparedSample) -> tuple[str, str, str] | None:
+        """(skip reason, detail, fix) when ``sample`` alone exceeds a row's width or a vision
+        budget, else None."""
+        key = sample.__key__
+        slots = self._slots(sample)
+        if slots > self.budget.tokens:
+            return (
+                "overlong",
+                f"sample {key!r} has {sample.num_tokens} tokens ({slots} slots aligned to "
+                f"{self.row.pad_multiple}) but seq_length is {self.budget.tokens}",
+                "raise seq_length, lower the processor's max_pixels / max_frames, or set on_overlong='skip' "
+                "(or 'shrink': lower them for that sample only)",
+            )
+        shrink = " (or 'shrink': lower the sample's pixels and frames until it fits)"
+        for reason, value, limit, name, what, fix in (
+            ("over_vision_budget", sample.vision_patches, self.budget.vision_patches, "max_row_vision_patches",
+             "vision patches", f"raise max_row_vision_patches, or set on_overlong='skip'{shrink}"),
+            ("over_media_budget", sample.num_media, self.budget.media, "max_row_media",
+             "images + videos", "raise max_row_media, or set on_overlong='skip'"),
+        ):
+            if limit is not None and value > limit:
+                return reason, f"sample {key!r} has {value} {what} but {name} is {limit}", fix
+        return None
 
     def _skip(self, sample: Any, reason: str) -> None:
         self._stats.count_skip(reason.split(":", 1)[0])
@@ -201,19 +235,21 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         candidates: list[PackItem] = []
         for sample, (index, arrival) in zip(self._pending_buffer.buffer, self._pending_items):
             samples[index] = sample
-            candidates.append(PackItem(index=index, length=self._slots(sample), arrival_round=arrival))
+            candidates.append(self._item(sample, index, arrival))
         for sample in self._reading_buffer.buffer:
             index = self._next_index
             self._next_index += 1
             samples[index] = sample
-            candidates.append(PackItem(index=index, length=self._slots(sample), arrival_round=self._round_index))
+            candidates.append(self._item(sample, index, self._round_index))
         result = select_bins(
             candidates,
-            capacity=self.row.seq_length,
+            capacity=self.budget.tokens,
             round_index=self._round_index,
             min_fill=self.policy.min_fill,
             max_wait_rounds=self.policy.max_wait_rounds,
-            max_segments=self.row.max_segments,
+            max_segments=self.budget.segments,
+            max_vision_patches=self.budget.vision_patches,
+            max_media=self.budget.media,
             flush=flush,
         )
         self._reading_buffer.clear()
@@ -234,6 +270,15 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
 
     def _slots(self, sample: PreparedSample) -> int:
         return aligned_length(sample.num_tokens, self.row.pad_multiple)
+
+    def _item(self, sample: PreparedSample, index: int, arrival_round: int) -> PackItem:
+        return PackItem(
+            index=index,
+            length=self._slots(sample),
+            arrival_round=arrival_round,
+            vision=sample.vision_patches,
+            media=sample.num_media,
+        )
 
     def _emit_ready(self) -> Iterator[PackedRow]:
         while self._ready_sizes:
@@ -258,8 +303,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             member_keys = tuple(get_sample_restore_key(sample) for sample, _ in kept)
             with self._pack_index.ctx() as pack_index:
                 row = self.pack(encoded)
-            real_tokens = sum(e.segment.length for e in encoded)
-            self._stats.count_row(real_tokens, self.row.seq_length, len(encoded), flush=self._source_exhausted)
+            cost = row.row_cost
+            self._stats.count_row(
+                cost["real_tokens"], self.row.seq_length, len(encoded), flush=self._source_exhausted, cost=cost
+            )
             row.stats = self._telemetry_snapshot()
             self._publish_stats(row.stats)
             yield set_sample_restore_key(row, pack_index, *member_keys, src=self)

@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "tutorials").glob("*.ipynb"))
 
 
-def test_there_are_tutorials():
-    assert NOTEBOOKS
+def test_tutorials_are_numbered_in_order():
+    """``01_...`` to ``NN_...`` without gaps, the order the README presents them in."""
+    assert NOTEBOOKS and [p.name[:3] for p in NOTEBOOKS] == [f"{i:02d}_" for i in range(1, len(NOTEBOOKS) + 1)]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

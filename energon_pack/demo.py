@@ -72,6 +72,10 @@ def run_demo(*, out_dir: Path | None, num_samples: int, seq_length: int, num_wor
         {"metric": "fill (real tokens / row slots)", "value": f"{stats['fill']:.4f}"},
         {"metric": "fill before the end-of-epoch flush", "value": f"{stats['fill_before_flush']:.4f}"},
         {"metric": "rows from the end-of-epoch flush", "value": stats["flush_rows"]},
+        {
+            "metric": "ViT patches per row: mean / max",
+            "value": f"{stats['row_cost_mean'].get('vision_patches', 0):.0f} / {stats['row_cost_max'].get('vision_patches', 0)}",
+        },
         {"metric": "samples/s (whole loader)", "value": f"{stats['samples_packed'] / elapsed:.1f}"},
         {"metric": "worker peak RSS (MiB)", "value": f"{stats['worker_peak_rss_bytes'] / 2**20:.0f}"},
         {"metric": "skipped (total)", "value": stats["skipped_total"]},

@@ -19,6 +19,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             split_ratio=args.split_ratio,
             on_error=args.on_error,
             samples_per_shard=args.samples_per_shard,
+            allow_assistant_media=args.allow_assistant_media,
         )
     except PrepareError as err:
         print(f"energon-pack prepare: {err}", file=sys.stderr)
@@ -70,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--split-ratio", default="1,0,0", help="train,val,test shard ratio (default 1,0,0)")
     prepare.add_argument("--on-error", choices=("skip", "fail"), default="skip", help="bad records: skip (report) or fail")
     prepare.add_argument("--samples-per-shard", type=int, default=100)
+    prepare.add_argument(
+        "--allow-assistant-media",
+        action="store_true",
+        help="keep records with an image/video in an assistant turn (as context: vision tokens never carry loss)",
+    )
     prepare.set_defaults(func=_cmd_prepare)
 
     simulate = commands.add_parser(

@@ -130,6 +130,24 @@ def normalize_conversation(messages: Any, *, num_images: int, num_videos: int) -
     return typed
 
 
+def check_no_assistant_media(messages: Sequence[Message]) -> None:
+    """Raise ``BadSampleError("media_in_assistant_turn")`` when an assistant message holds media.
+
+    Vision tokens never carry loss, so an image or video in an assistant turn cannot be learned
+    as output; usually the record is wrong (the media belongs to the user turn).
+    Example: ``[user "Draw.", assistant [image]]`` -> BadSampleError naming message 2.
+    """
+    for number, message in enumerate(messages, start=1):
+        kinds = [part["type"] for part in message["content"] if part["type"] in MEDIA_KINDS]
+        if message["role"] == "assistant" and kinds:
+            raise BadSampleError(
+                "media_in_assistant_turn",
+                f"message {number} (assistant) holds {len(kinds)} media part(s) ({', '.join(kinds)}); vision "
+                "tokens never carry loss, so the model cannot learn to produce them; fix: move the media into "
+                "a user turn, or pass --allow-assistant-media to keep them as unsupervised context",
+            )
+
+
 def decode_conversation_json(data: bytes) -> Any:
     """Decode a stored ``<key>.json`` conversation; non-UTF-8 or invalid JSON is a bad sample."""
     try:

@@ -4,6 +4,7 @@ The returned ``PackingDataLoader`` is Energon's ``SavableDataLoader`` plus two t
 ``save_state_rank`` records a fingerprint of everything exact resume depends on and
 ``restore_state_rank`` refuses a state saved under a different one (naming the fields);
 ``stats()`` aggregates the per-worker packing statistics carried by the rows.
+``len(loader)`` raises ``TypeError``: the rows of an epoch are not known before packing.
 """
 
 from __future__ import annotations
@@ -82,6 +83,14 @@ class PackingDataLoader(SavableDataLoader):
         self._stats_dir = stats_dir
         #: Latest snapshot per worker carried by a consumed row: exact at the consumer's position.
         self._worker_stats: dict[int, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        raise TypeError(
+            "len() of a packing loader is not defined: how many rows one epoch yields is only known after "
+            "packing (it depends on token lengths, bin selection and media that fail to decode, and this "
+            "rank's share); fix: count rows as you iterate, or estimate them with "
+            "`energon-pack simulate --dataset DIR`"
+        )
 
     def __iter__(self):
         for batch in super().__iter__():

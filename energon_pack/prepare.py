@@ -4,19 +4,26 @@ Input is JSON Lines (or one JSON list) of records in any form ``energon_pack.con
 accepts. Each good record becomes ``<key>.json`` (typed messages) plus ``<key>.<i>.<ext>``
 media files copied byte for byte. Problems are reported per record with its line number;
 nothing is pickled.
+
+Records are assigned to the train/val/test splits one by one, in proportion to
+``--split-ratio`` (so a small dataset splits as asked), and each split has its own shards
+``shards/<split>-NNNNNN.tar``. The dataset is written into a staging folder beside ``--out``
+and moved into place only when everything succeeded.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from energon_pack.conversation import ChatRecord, parse_record
+from energon_pack.conversation import ChatRecord, check_no_assistant_media, parse_record
 from energon_pack.errors import BadSampleError
 from energon_pack.samples import (
     CONVERSATION_PART,
@@ -27,6 +34,8 @@ from energon_pack.samples import (
 
 DATASET_YAML = "__module__: energon_pack\n__class__: QwenVLChatWebdataset\n"
 SPLIT_NAMES = ("train", "val", "test")
+#: Key prefix of records without an id (``_line7``); user ids may not start with it.
+GENERATED_ID_PREFIX = "_line"
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,10 @@ class PrepareReport:
     videos: int = 0
     shards: list[str] = field(default_factory=list)
     problems: list[RecordProblem] = field(default_factory=list)
+    #: Records written per split, e.g. ``{"train": 21, "val": 5}``.
+    split_counts: dict[str, int] = field(default_factory=dict)
+    #: Records without an id, written under ``GENERATED_ID_PREFIX`` + line number.
+    generated_ids: int = 0
 
     def problem_counts(self) -> Counter[str]:
         """Skipped records by reason (the text before the first colon)."""
@@ -59,7 +72,8 @@ class PrepareReport:
 
 
 class PrepareError(RuntimeError):
-    """Raised with ``on_error="fail"`` at the first bad record."""
+    """Raised with ``on_error="fail"`` at the first bad record, or when the data cannot make the
+    requested dataset (no good record, an empty split)."""
 
 
 def parse_split_ratio(text: str) -> list[tuple[str, float]]:
@@ -98,6 +112,36 @@ def validate_key(key: str) -> str:
             "bad_id", f"record id {key!r} must be non-empty without '.' or '/' (WebDataset keys split at them)"
         )
     return key
+
+
+def record_key(record_id: str | None, line: int) -> str:
+    """The sample key of a record: its id, or ``GENERATED_ID_PREFIX`` + line for a record without one.
+
+    User ids may not start with the prefix, so a generated key never equals a user id.
+    Example: ``(None, 7)`` -> ``"_line7"``; ``("7", 8)`` -> ``"7"``; ``("_line3", 9)`` -> BadSampleError.
+    """
+    if record_id is None:
+        return f"{GENERATED_ID_PREFIX}{line}"
+    if record_id.startswith(GENERATED_ID_PREFIX):
+        raise BadSampleError(
+            "bad_id",
+            f"record id {record_id!r} starts with {GENERATED_ID_PREFIX!r}, which is reserved for the keys of "
+            "records without an id; fix: rename the id",
+        )
+    return validate_key(record_id)
+
+
+def next_split(counts: Sequence[int], weights: Sequence[float]) -> int:
+    """Index of the split the next record goes to: the one furthest below its share.
+
+    With ``n = sum(counts) + 1`` records, split i's share is ``n * weights[i] / sum(weights)``;
+    the split whose count lags its share most wins (ties: the earlier split). Every split stays
+    within one record of its share at every point.
+    Example: weights ``(8, 2)``, counts ``(2, 0)`` -> ``1`` (shares 2.4 and 0.6 for 3 records).
+    """
+    total, weight_sum = sum(counts) + 1, sum(weights)
+    lags = [total * weight / weight_sum - count for count, weight in zip(counts, weights)]
+    return max(range(len(weights)), key=lambda i: (lags[i], -i))
 
 
 def resolve_media_path(media_root: Path, relative: str) -> Path:
@@ -143,14 +187,41 @@ def build_wds_sample(key: str, record: ChatRecord, media_root: Path) -> dict[str
     return sample
 
 
-def write_energon_metadata(out_dir: Path, shard_names: list[str], split_ratio: str) -> None:
-    """Run Energon's prepare step (index + split) and write ``dataset.yaml``."""
+def write_energon_metadata(out_dir: Path, shard_names: list[str], split_names: Sequence[str]) -> None:
+    """Run Energon's prepare step (index, and each split's shards by name) and write ``dataset.yaml``."""
     from megatron.energon.flavors.webdataset import BaseWebdatasetFactory
 
     BaseWebdatasetFactory.prepare_dataset(
-        out_dir, shard_names, split_parts_ratio=parse_split_ratio(split_ratio), workers=1, shuffle_seed=None
+        out_dir,
+        shard_names,
+        # No backslashes: Energon brace-expands the patterns, which drops them.
+        split_parts_patterns=[(name, f"^shards/{name}-[0-9]+[.]tar$") for name in split_names],
+        workers=1,
+        shuffle_seed=None,
     )
     (out_dir / ".nv-meta" / "dataset.yaml").write_text(DATASET_YAML, encoding="utf-8")
+
+
+def _staging_folder(out: Path) -> Path:
+    """A fresh folder beside ``out`` (same file system, so it can be moved into place)."""
+    if out.exists() and not out.is_dir():
+        raise PrepareError(f"--out {str(out)!r} is a file; fix: pass a folder path for the dataset")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Make the staged dataset the one at ``out``; other files already in ``out`` are kept."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    replaced = staging / "replaced"
+    replaced.mkdir()
+    for name in ("shards", ".nv-meta"):
+        if (out / name).exists():
+            (out / name).rename(replaced / name)
+        (staging / name).rename(out / name)
+    shutil.rmtree(staging)
 
 
 def prepare_dataset(
@@ -161,39 +232,73 @@ def prepare_dataset(
     split_ratio: str = "1,0,0",
     on_error: Literal["skip", "fail"] = "skip",
     samples_per_shard: int = 100,
+    allow_assistant_media: bool = False,
     progress: bool = True,
 ) -> PrepareReport:
     """Write the records of ``input_path`` as an Energon WebDataset under ``out_dir``.
 
-    Keys are the record ids (or the line number for records without one). Returns a report of
-    written records and of every skipped one (line, reason); with ``on_error="fail"`` the first
-    problem raises ``PrepareError`` instead.
+    Keys are the record ids (``GENERATED_ID_PREFIX`` + line number for records without one).
+    Records go to the splits of ``split_ratio`` in proportion, one by one (``next_split``).
+    Returns a report of written records and of every skipped one (line, reason); with
+    ``on_error="fail"`` the first problem raises ``PrepareError`` instead. Records with media in
+    an assistant turn are skipped (``media_in_assistant_turn``) unless ``allow_assistant_media``.
+    On any error nothing changes at ``out_dir``.
     """
-    import webdataset as wds
-    from tqdm import tqdm
-
-    parse_split_ratio(split_ratio)
+    splits = parse_split_ratio(split_ratio)
     if on_error not in ("skip", "fail"):
         raise ValueError(f"on_error={on_error!r} must be 'skip' or 'fail'")
     out = Path(out_dir)
-    for stale in (out / "shards", out / ".nv-meta"):
-        shutil.rmtree(stale, ignore_errors=True)
-    (out / "shards").mkdir(parents=True)
-    report = PrepareReport(out_dir=out)
+    staging = _staging_folder(out)
+    try:
+        report = _write_dataset(
+            Path(input_path), Path(media_root), staging, splits,
+            on_error=on_error, samples_per_shard=samples_per_shard,
+            allow_assistant_media=allow_assistant_media, progress=progress,
+        )
+        check_splits_filled(split_ratio, report.split_counts)
+        write_energon_metadata(staging, report.shards, list(report.split_counts))
+        _move_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    report.out_dir = out
+    return report
+
+
+def _write_dataset(
+    input_path: Path,
+    media_root: Path,
+    out: Path,
+    splits: list[tuple[str, float]],
+    *,
+    on_error: Literal["skip", "fail"],
+    samples_per_shard: int,
+    allow_assistant_media: bool,
+    progress: bool,
+) -> PrepareReport:
+    """Write the shards of every split into ``out/shards``."""
+    import webdataset as wds
+    from tqdm import tqdm
+
+    (out / "shards").mkdir()
+    report = PrepareReport(out_dir=out, split_counts={name: 0 for name, _ in splits})
+    weights = [weight for _, weight in splits]
     seen_keys: set[str] = set()
-    pattern = str(out / "shards" / "data-%06d.tar")
-    with wds.ShardWriter(pattern, maxcount=samples_per_shard, verbose=0) as writer:
-        records = tqdm(iter_input_records(Path(input_path)), desc="prepare", unit="rec", disable=not progress)
+    with ExitStack() as stack:
+        writers: dict[str, Any] = {}
+        records = tqdm(iter_input_records(input_path), desc="prepare", unit="rec", disable=not progress)
         for line, record in records:
             record_id = record.get("id") if isinstance(record, dict) else None
             try:
                 if isinstance(record, BadSampleError):
                     raise record
                 parsed = parse_record(record)
-                key = validate_key(parsed.id if parsed.id is not None else str(line))
+                key = record_key(parsed.id, line)
                 if key in seen_keys:
                     raise BadSampleError("duplicate_id", f"record id {key!r} was used by an earlier record")
-                sample = build_wds_sample(key, parsed, Path(media_root))
+                if not allow_assistant_media:
+                    check_no_assistant_media(parsed.messages)
+                sample = build_wds_sample(key, parsed, media_root)
             except BadSampleError as err:
                 problem = RecordProblem(line=line, record_id=None if record_id is None else str(record_id), reason=str(err))
                 if on_error == "fail":
@@ -201,25 +306,49 @@ def prepare_dataset(
                 report.problems.append(problem)
                 continue
             seen_keys.add(key)
-            writer.write(sample)
+            split = splits[next_split(list(report.split_counts.values()), weights)][0]
+            if split not in writers:
+                pattern = str(out / "shards" / f"{split}-%06d.tar")
+                writers[split] = stack.enter_context(wds.ShardWriter(pattern, maxcount=samples_per_shard, verbose=0))
+            writers[split].write(sample)
+            report.split_counts[split] += 1
             report.written += 1
+            report.generated_ids += parsed.id is None
             report.images += len(parsed.images)
             report.videos += len(parsed.videos)
-    report.shards = sorted(p.relative_to(out).as_posix() for p in (out / "shards").glob("data-*.tar"))
     if not report.written:
         raise PrepareError(f"no good record in {str(input_path)!r}: nothing to write ({len(report.problems)} problems)")
-    write_energon_metadata(out, report.shards, split_ratio)
+    report.shards = sorted(p.relative_to(out).as_posix() for p in (out / "shards").glob("*.tar"))
     return report
 
 
+def check_splits_filled(split_ratio: str, counts: dict[str, int]) -> None:
+    """Raise ``PrepareError`` naming the fix when a split asked for (non-zero ratio) got no record.
+
+    Example: ``("8,2,0", {"train": 1, "val": 0})`` -> PrepareError suggesting ``--split-ratio 8,0,0``.
+    """
+    empty = [name for name, count in counts.items() if count == 0]
+    if empty:
+        values = [value.strip() for value in split_ratio.split(",")]
+        kept = ",".join("0" if name in empty else value for name, value in zip(SPLIT_NAMES, values))
+        raise PrepareError(
+            f"split {empty[0]!r} of --split-ratio {split_ratio} got none of the {sum(counts.values())} good "
+            f"record(s); fix: add records, or leave the split out with --split-ratio {kept}"
+        )
+
+
 def format_report(report: PrepareReport) -> str:
-    """Human-readable summary: written counts, then one line per skipped record."""
+    """Human-readable summary: written counts per split, generated ids, then one line per skipped record."""
+    splits = ", ".join(f"{name}: {count}" for name, count in report.split_counts.items())
     lines = [
         f"wrote {report.written} samples ({report.images} images, {report.videos} videos) "
-        f"in {len(report.shards)} shard(s) to {report.out_dir}",
+        f"in {len(report.shards)} shard(s) to {report.out_dir} ({splits})",
     ]
+    if report.generated_ids:
+        lines.append(
+            f"{report.generated_ids} record(s) without an id: keys {GENERATED_ID_PREFIX}<line number> were generated"
+        )
     if report.problems:
         lines.append(f"skipped {len(report.problems)} record(s):")
         lines += [f"  {problem}" for problem in report.problems]
     return "\n".join(lines)
-

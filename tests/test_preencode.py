@@ -458,3 +458,38 @@ def test_bench_preencode_reports_side_by_side(tmp_path, monkeypatch, capsys):
     assert re.search(r"samples with identical input_ids +6/6 ", out), out
     assert "samples/s (higher is better)" in out and "MiB held per sample, mean" in out
     assert "bench --stage postencode: not implemented yet" in out and "bench --stage loader: not implemented yet" in out
+
+
+# --- vision tokens never carry loss -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", sorted(PROCESSOR_FIXTURES))
+def test_media_in_an_assistant_turn_carries_no_loss(family, request):
+    """Image and video spans (pads, start/end markers, Qwen3-VL frame timestamps) in an assistant
+    turn are not targets; the turn's text and closing ``<|im_end|>`` still are."""
+    processor = request.getfixturevalue(PROCESSOR_FIXTURES[family])
+    rng = np.random.default_rng(3)
+    image = make_image(rng, 32, size=(64, 96))
+    video = make_video(rng, num_frames=8, rate=Fraction(4), size=(64, 64))
+    messages = [
+        {"role": "user", "content": text("Draw it.")},
+        {"role": "assistant", "content": [{"type": "image"}, *text("Here."), {"type": "video"}]},
+    ]
+    prepared = task_encoder(processor).preencode_sample(chat_sample(GoldenSample(messages, [image], [video]), "drawn"))
+    assert prepared.skip_reason is None
+    tokenizer = processor.tokenizer
+    targets = [int(t) for t in prepared.labels.tolist() if t != IGNORE_INDEX]
+    assert tokenizer.decode(targets) == "Here.<|im_end|>"
+    media_ids = set(tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]))
+    assert not media_ids & set(targets)
+    assert int(prepared.loss_mask.sum()) == len(targets)
+
+
+def test_media_token_mask_covers_nested_spans_and_stray_pads():
+    from energon_pack.qwen.template import ChatMarkers, media_token_mask
+
+    markers = ChatMarkers(vision_start_id=1, vision_end_id=2, media_pad_ids=(3, 4))
+    assert media_token_mask(np.array([7, 1, 3, 3, 2, 8, 4]), markers).tolist() == [0, 1, 1, 1, 1, 0, 1]
+    # Qwen3-VL video: an outer span holding timestamp text (5, 6) and inner spans.
+    assert media_token_mask(np.array([9, 1, 5, 1, 3, 2, 6, 1, 3, 2, 2, 9]), markers).tolist() == [0] + [1] * 10 + [0]
+    assert media_token_mask(np.array([9, 2, 9, 1, 3]), markers).tolist() == [0, 0, 0, 1, 1]

@@ -10,7 +10,7 @@ import pytest
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
 from energon_pack.cli import main as cli_main
-from energon_pack.prepare import PrepareError, prepare_dataset
+from energon_pack.prepare import PrepareError, format_report, prepare_dataset
 from energon_pack.samples import QwenVLChatSample
 from energon_pack.synthetic import encode_image, encode_video
 
@@ -35,7 +35,7 @@ def raw(tmp_path: Path) -> Path:
         json.dumps({"id": "missing", "messages": _chat("<image>"), "images": ["nope.jpg"]}),  # line 3
         json.dumps({"id": "escape", "messages": _chat("<image>"), "images": ["../secret.jpg"]}),  # line 4
         json.dumps({"conversations": [{"from": "human", "value": "<image><image>Two?"}, {"from": "gpt", "value": "Yes."}],
-                    "images": ["sub/b.png", "c.webp"]}),  # line 5: no id -> key "5"
+                    "images": ["sub/b.png", "c.webp"]}),  # line 5: no id -> key "_line5"
         "",
         json.dumps({"id": "vid", "messages": _chat("<video>"), "videos": ["v.mp4"]}),  # line 7
         json.dumps({"id": "text", "messages": _chat()}),  # line 8
@@ -75,13 +75,13 @@ def test_problems_are_reported_by_line_and_skipped(raw: Path):
 def test_dataset_loads_with_energon_and_media_bytes_are_exact(raw: Path, num_workers: int):
     prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False, samples_per_shard=2)
     samples = _load_all(raw / "out", num_workers)
-    assert sorted(samples) == ["5", "good1", "text", "vid"]
+    assert sorted(samples) == ["_line5", "good1", "text", "vid"]
     media = raw / "media"
     assert samples["good1"].images == [(media / "a.jpg").read_bytes()]
-    assert samples["5"].images == [(media / "sub" / "b.png").read_bytes(), (media / "c.webp").read_bytes()]
+    assert samples["_line5"].images == [(media / "sub" / "b.png").read_bytes(), (media / "c.webp").read_bytes()]
     assert samples["vid"].videos == [(media / "v.mp4").read_bytes()] and samples["vid"].images == []
     assert samples["text"].images == [] and samples["text"].videos == []
-    assert samples["5"].conversation[0]["content"][:2] == [{"type": "image"}, {"type": "image"}]
+    assert samples["_line5"].conversation[0]["content"][:2] == [{"type": "image"}, {"type": "image"}]
     assert all(s.invalid_reason is None for s in samples.values())
 
 
@@ -133,3 +133,90 @@ def test_json_list_input_and_split_ratio(tmp_path: Path):
     assert "train" in split and "val" in split
     with pytest.raises(ValueError, match="split ratio"):
         prepare_dataset(tmp_path / "r.json", tmp_path, tmp_path / "out", split_ratio="0,0,0", progress=False)
+
+
+def _text_records(path: Path, count: int) -> Path:
+    path.write_text("".join(json.dumps({"id": f"r{i}", "messages": _chat()}) + "\n" for i in range(count)))
+    return path
+
+
+def _split_keys(path: Path, split: str) -> list[str]:
+    from megatron.energon import get_val_dataset
+
+    dataset = get_val_dataset(
+        path, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None
+    )
+    return [sample.__key__ for sample in get_loader(dataset)]
+
+
+def test_a_small_dataset_splits_by_samples_not_shards(tmp_path: Path):
+    """26 records, ratio 8,2,0, one shard's worth: train and val both get their share of samples."""
+    records = _text_records(tmp_path / "r.jsonl", 26)
+    report = prepare_dataset(records, tmp_path, tmp_path / "ds", split_ratio="8,2,0", progress=False)
+    assert report.split_counts == {"train": 21, "val": 5}
+    train, val = _split_keys(tmp_path / "ds", "train"), _split_keys(tmp_path / "ds", "val")
+    assert len(train) == 21 and len(val) == 5
+    assert sorted(train + val) == sorted(f"r{i}" for i in range(26))
+    assert "train: 21" in format_report(report) and "val: 5" in format_report(report)
+
+
+def test_a_requested_split_that_comes_out_empty_is_an_error(tmp_path: Path):
+    records = _text_records(tmp_path / "r.jsonl", 1)
+    with pytest.raises(PrepareError, match=r"split 'val'.*--split-ratio"):
+        prepare_dataset(records, tmp_path, tmp_path / "ds", split_ratio="8,2,0", progress=False)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_generated_ids_cannot_collide_with_user_ids(tmp_path: Path):
+    """Line 7 has no id, line 8 has the id 7: both are written under different keys."""
+    lines = [json.dumps({"id": i, "messages": _chat()}) for i in range(1, 7)]
+    lines += [json.dumps({"messages": _chat()}), json.dumps({"id": 7, "messages": _chat()})]
+    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    report = prepare_dataset(tmp_path / "r.jsonl", tmp_path, tmp_path / "ds", progress=False)
+    assert report.problems == [] and report.written == 8 and report.generated_ids == 1
+    keys = _split_keys(tmp_path / "ds", "train")
+    assert "7" in keys and len(set(keys)) == 8
+    assert "1 record(s) without an id" in format_report(report)
+
+
+def test_a_user_id_in_the_generated_id_form_is_rejected(tmp_path: Path):
+    from energon_pack.prepare import GENERATED_ID_PREFIX
+
+    lines = [json.dumps({"messages": _chat()}), json.dumps({"id": f"{GENERATED_ID_PREFIX}1", "messages": _chat()})]
+    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    report = prepare_dataset(tmp_path / "r.jsonl", tmp_path, tmp_path / "ds", progress=False)
+    assert [(p.line, p.reason.split(":")[0]) for p in report.problems] == [(2, "bad_id")]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_failed_prepare_leaves_nothing_at_out(raw: Path):
+    before = sorted(p.name for p in raw.iterdir())
+    with pytest.raises(PrepareError):
+        prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", on_error="fail", progress=False)
+    assert sorted(p.name for p in raw.iterdir()) == before, "no dataset and no staging folder may be left"
+
+
+def test_a_failed_prepare_keeps_the_existing_dataset(raw: Path):
+    prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False)
+    dataset = _tree(raw / "out")
+    with pytest.raises(PrepareError):
+        prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", on_error="fail", progress=False)
+    assert _tree(raw / "out") == dataset
+    assert sorted(p.name for p in raw.iterdir()) == ["media", "out", "records.jsonl", "secret.jpg"]
+
+
+def test_media_in_an_assistant_turn_is_reported_unless_allowed(raw: Path):
+    drawn = {"id": "drawn", "images": ["a.jpg"],
+             "messages": [{"role": "user", "content": "Draw a cat."}, {"role": "assistant", "content": "<image>"}]}
+    (raw / "assistant.jsonl").write_text(json.dumps({"id": "t", "messages": _chat()}) + "\n" + json.dumps(drawn) + "\n")
+    report = prepare_dataset(raw / "assistant.jsonl", raw / "media", raw / "ds", progress=False)
+    assert [(p.line, p.reason.split(":")[0]) for p in report.problems] == [(2, "media_in_assistant_turn")]
+    assert "--allow-assistant-media" in report.problems[0].reason
+    report = prepare_dataset(raw / "assistant.jsonl", raw / "media", raw / "ds", progress=False, allow_assistant_media=True)
+    assert report.problems == [] and report.written == 2
+    args = ["prepare", str(raw / "assistant.jsonl"), "--media-root", str(raw / "media"), "--out", str(raw / "cli")]
+    assert cli_main([*args, "--allow-assistant-media"]) == 0
+    assert sorted(_split_keys(raw / "cli", "train")) == ["drawn", "t"]

@@ -1,5 +1,8 @@
 """Chat template, tokenization with media placeholders expanded, and the assistant-only loss mask.
 
+Loss is on assistant text and each assistant turn's closing ``<|im_end|>``; media tokens never
+carry loss, in any turn (a model does not generate vision tokens).
+
 Token ids come from the processor given to the plugin, exactly as
 ``processor(text=[processor.apply_chat_template(messages)], images=..., videos=...)`` would give
 them, but computed from media *geometry* only (grids, frame indices), never from pixels: each
@@ -130,21 +133,62 @@ def placeholder_token_count(
 
 @dataclass(frozen=True)
 class ChatMarkers:
-    """Strings that delimit assistant turns in a ChatML rendering."""
+    """Strings that delimit assistant turns in a ChatML rendering, and the media token ids.
+
+    ``vision_start_id`` / ``vision_end_id`` open and close a media span; ``media_pad_ids`` are
+    the image and video pad tokens. -1 / empty: the tokenizer has no such token.
+    """
 
     assistant_header: str = "<|im_start|>assistant\n"
     end_of_turn: str = "<|im_end|>"
+    vision_start_id: int = -1
+    vision_end_id: int = -1
+    media_pad_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatMarkers:
         """ChatML markers of a Qwen tokenizer, which must know ``<|im_end|>`` as one token."""
-        markers = cls()
-        if tokenizer.convert_tokens_to_ids(markers.end_of_turn) in (None, tokenizer.unk_token_id):
+
+        def token_id(token: str) -> int | None:
+            found = tokenizer.convert_tokens_to_ids(token)
+            return None if found in (None, tokenizer.unk_token_id) else int(found)
+
+        if token_id(cls.end_of_turn) is None:
             raise ValueError(
-                f"tokenizer {type(tokenizer).__name__} has no {markers.end_of_turn!r} token: assistant turns "
+                f"tokenizer {type(tokenizer).__name__} has no {cls.end_of_turn!r} token: assistant turns "
                 "cannot be found; use the tokenizer of a Qwen-VL processor (ChatML template)"
             )
-        return markers
+        pads = (token_id("<|image_pad|>"), token_id("<|video_pad|>"))
+        return cls(
+            vision_start_id=token_id("<|vision_start|>") or -1,
+            vision_end_id=token_id("<|vision_end|>") or -1,
+            media_pad_ids=tuple(pad for pad in pads if pad is not None),
+        )
+
+
+def media_token_mask(input_ids: np.ndarray, markers: ChatMarkers) -> np.ndarray:
+    """Bool [L]: True on media tokens, which never carry loss.
+
+    A media span runs from a ``<|vision_start|>`` to its matching ``<|vision_end|>`` (spans nest:
+    Qwen3-VL puts per-frame timestamps and inner spans inside a video's span); pad tokens
+    outside any span count too.
+
+    Example (ids: S=start, E=end, P=pad): ``[7, S, P, P, E, 8, P]`` -> ``[F, T, T, T, T, F, T]``.
+    """
+    ids = np.asarray(input_ids)
+    mask = np.isin(ids, markers.media_pad_ids)
+    depth, opened = 0, 0
+    for position in np.flatnonzero((ids == markers.vision_start_id) | (ids == markers.vision_end_id)).tolist():
+        if ids[position] == markers.vision_start_id:
+            opened = position if depth == 0 else opened
+            depth += 1
+        elif depth > 0:
+            depth -= 1
+            if depth == 0:
+                mask[opened : position + 1] = True
+    if depth > 0:
+        mask[opened:] = True
+    return mask
 
 
 def assistant_target_mask(text: str, offsets: np.ndarray, markers: ChatMarkers) -> np.ndarray:
@@ -194,7 +238,7 @@ def tokenize_conversation(
     videos: Sequence[VideoTiming] = (),
     markers: ChatMarkers | None = None,
 ) -> TokenizedConversation:
-    """Render, expand placeholders, tokenize and build assistant-only targets."""
+    """Render, expand placeholders, tokenize and build assistant-only targets (media tokens excluded)."""
     text = expand_media_placeholders(
         processor,
         render_conversation(processor, messages),
@@ -205,6 +249,7 @@ def tokenize_conversation(
     tokenizer = processor.tokenizer
     encoded = tokenizer(text, return_offsets_mapping=True)
     input_ids = np.asarray(encoded["input_ids"], dtype=np.int64)
-    targets = assistant_target_mask(text, encoded["offset_mapping"], markers or ChatMarkers.from_tokenizer(tokenizer))
+    markers = markers or ChatMarkers.from_tokenizer(tokenizer)
+    targets = assistant_target_mask(text, encoded["offset_mapping"], markers) & ~media_token_mask(input_ids, markers)
     labels, loss_mask = shifted_targets(input_ids, targets)
     return TokenizedConversation(input_ids=input_ids, labels=labels, loss_mask=loss_mask)

@@ -6,6 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
+
+from energon_pack.errors import UsageError
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
@@ -52,9 +55,29 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return run_inspect(args.dataset, split=args.split, limit=args.limit)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line naming the fix (exit code 2), not usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; fix: see `{self.prog} --help`\n")
+
+
+def comma_separated_ints(text: str) -> list[int]:
+    """``"4096,8192"`` -> ``[4096, 8192]``; anything else raises ``argparse.ArgumentTypeError``."""
+    try:
+        values = [int(value) for value in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of positive integers; fix: write e.g. 4096,8192 (no spaces)"
+        )
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``energon-pack`` argument parser (one sub-command per job)."""
-    parser = argparse.ArgumentParser(prog="energon-pack", description=__doc__)
+    parser = _Parser(prog="energon-pack", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="offline end-to-end demo on synthetic image+video chats")
@@ -83,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--dataset", type=Path, default=None, help="prepared dataset (default: built-in reference mix)")
     simulate.add_argument("--samples", type=int, default=4000, help="samples of the reference mix")
-    simulate.add_argument("--widths", default="4096,8192,16384", help="row widths W")
-    simulate.add_argument("--buffers", default="8,16,32,64", help="buffer sizes")
+    simulate.add_argument(
+        "--widths", type=comma_separated_ints, default="4096,8192,16384", help="row widths W, comma-separated"
+    )
+    simulate.add_argument("--buffers", type=comma_separated_ints, default="8,16,32,64", help="buffer sizes, comma-separated")
     simulate.add_argument(
         "--max-row-vision-patches",
         type=int,
@@ -112,9 +137,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``energon-pack`` console script."""
+    """Entry point of the ``energon-pack`` console script.
+
+    Exit codes: 0 success, 1 the data failed (``prepare --on-error fail``, the demo's resume
+    check), 2 unusable input (a path, split or option value; one line naming the fix).
+    """
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as err:
+        print(f"energon-pack {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The one exception type for bad input data (as opposed to configuration errors)."""
+"""Exception types: bad input data (``BadSampleError``) and unusable user input (``UsageError``)."""
 
 from __future__ import annotations
 
@@ -14,3 +14,11 @@ class BadSampleError(ValueError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class UsageError(ValueError):
+    """A user input that cannot work (a path, a split, an option value), caught before any work starts.
+
+    The message names the value, the rule and the fix on one line; the CLI prints it and exits
+    with code 2. Example: ``UsageError("input file 'nope.jsonl' not found; fix: ...")``.
+    """

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from energon_pack.config import PackingConfig
+from energon_pack.dataset_path import check_dataset_path
 from energon_pack.tables import format_table
 
 
@@ -20,6 +21,7 @@ def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None,
 
     from energon_pack.task_encoder import QwenVLPackingTaskEncoder
 
+    check_dataset_path(dataset, split=split)
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 20), processor)
     samples = get_val_dataset(
         dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None

@@ -22,6 +22,7 @@ from megatron.energon import (
 )
 
 from energon_pack.config import PackingConfig, check_resume_fingerprint
+from energon_pack.dataset_path import check_dataset_path
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.rope import RopeSpec
 from energon_pack.stats import aggregate_stats, read_snapshots
@@ -173,6 +174,7 @@ def get_packing_loader(
     row, not one conversation). Other keyword arguments (``checkpoint_every_sec``,
     ``checkpoint_every_min_n_samples``, ...) go to Energon's ``SavableDataLoader``.
     """
+    check_dataset_path(path, split=split)
     rank, world_size, group = _distributed_rank_info(rank, world_size, data_parallel_group)
     task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
     stats_dir = tempfile.TemporaryDirectory(prefix="energon_pack_stats_")

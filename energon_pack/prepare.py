@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from energon_pack.conversation import ChatRecord, check_no_assistant_media, parse_record
-from energon_pack.errors import BadSampleError
+from energon_pack.errors import BadSampleError, UsageError
 from energon_pack.samples import (
     CONVERSATION_PART,
     IMAGE_EXTENSIONS,
@@ -78,9 +78,12 @@ class PrepareError(RuntimeError):
 
 def parse_split_ratio(text: str) -> list[tuple[str, float]]:
     """``"8,1,1"`` -> ``[("train", 8.0), ("val", 1.0), ("test", 1.0)]`` (zero parts omitted)."""
-    values = [float(v) for v in text.split(",")]
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
     if not 1 <= len(values) <= 3 or any(v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError(
+        raise UsageError(
             f"split ratio {text!r} must be 1-3 non-negative numbers for train,val,test with a positive sum, e.g. 1,0,0"
         )
     return [(name, value) for name, value in zip(SPLIT_NAMES, values) if value > 0]
@@ -202,10 +205,24 @@ def write_energon_metadata(out_dir: Path, shard_names: list[str], split_names: S
     (out_dir / ".nv-meta" / "dataset.yaml").write_text(DATASET_YAML, encoding="utf-8")
 
 
+def check_inputs(input_path: Path, media_root: Path) -> None:
+    """Raise ``UsageError`` when the records file or the media folder is not there."""
+    if not input_path.is_file():
+        what = "is a folder" if input_path.is_dir() else "not found"
+        raise UsageError(
+            f"input file {str(input_path)!r} {what}; fix: pass a JSON Lines file (or JSON list) of chat records"
+        )
+    if not media_root.is_dir():
+        raise UsageError(
+            f"--media-root {str(media_root)!r} is not a folder; fix: pass the folder the records' media paths are "
+            "relative to (any existing folder for text-only records)"
+        )
+
+
 def _staging_folder(out: Path) -> Path:
     """A fresh folder beside ``out`` (same file system, so it can be moved into place)."""
     if out.exists() and not out.is_dir():
-        raise PrepareError(f"--out {str(out)!r} is a file; fix: pass a folder path for the dataset")
+        raise UsageError(f"--out {str(out)!r} is a file; fix: pass a folder path for the dataset")
     out.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
 
@@ -247,6 +264,7 @@ def prepare_dataset(
     splits = parse_split_ratio(split_ratio)
     if on_error not in ("skip", "fail"):
         raise ValueError(f"on_error={on_error!r} must be 'skip' or 'fail'")
+    check_inputs(Path(input_path), Path(media_root))
     out = Path(out_dir)
     staging = _staging_folder(out)
     try:

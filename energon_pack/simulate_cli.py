@@ -14,10 +14,6 @@ from energon_pack.config import PackingPolicy
 from energon_pack.packing.simulate import MixSample
 
 
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
 def dataset_samples(dataset: Path) -> list[MixSample]:
     """Exact token counts, vision patches and media counts of a prepared dataset's good
     samples, via preencode (no pixels)."""
@@ -55,8 +51,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     budgets = [None] if args.max_row_vision_patches is None else [None, args.max_row_vision_patches]
     rows = simulation_table(
         samples,
-        widths=_ints(args.widths),
-        buffer_sizes=_ints(args.buffers),
+        widths=args.widths,
+        buffer_sizes=args.buffers,
         min_fill=defaults.min_fill,
         max_wait_rounds=defaults.max_wait_rounds,
         vision_budgets=budgets,

@@ -1,0 +1,77 @@
+"""A new user's mistakes end in one line naming the fix and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from energon_pack.cli import main
+from energon_pack.errors import UsageError
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    """Run the CLI, expect exit code 2 and exactly one line on stderr; return that line."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse reports bad option values itself
+        code = exit_.code
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2, captured.err
+    assert len(lines) == 1, captured.err
+    assert "fix" in lines[0] or "e.g." in lines[0]
+    return lines[0]
+
+
+@pytest.fixture()
+def records(tmp_path: Path) -> Path:
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "messages": chat}) + "\n" for i in range(4)))
+    (tmp_path / "media").mkdir()
+    return path
+
+
+def test_prepare_a_missing_input_file(tmp_path, capsys):
+    line = one_line_error(capsys, ["prepare", str(tmp_path / "nope.jsonl"), "--media-root", str(tmp_path), "--out", str(tmp_path / "ds")])
+    assert "nope.jsonl" in line and "not found" in line
+    assert not (tmp_path / "ds").exists()
+
+
+def test_prepare_a_missing_media_root(records, capsys):
+    line = one_line_error(capsys, ["prepare", str(records), "--media-root", str(records.parent / "nope"), "--out", str(records.parent / "ds")])
+    assert "--media-root" in line and "nope" in line
+    assert not (records.parent / "ds").exists()
+
+
+def test_inspect_a_folder_that_is_not_a_dataset(tmp_path, capsys):
+    (tmp_path / "some" / "dir").mkdir(parents=True)
+    line = one_line_error(capsys, ["inspect", str(tmp_path / "some" / "dir")])
+    assert "not a prepared dataset" in line and "energon-pack prepare" in line
+
+
+def test_inspect_a_split_the_dataset_does_not_have(records, capsys):
+    dataset = records.parent / "ds"
+    assert main(["prepare", str(records), "--media-root", str(records.parent / "media"), "--out", str(dataset)]) == 0
+    capsys.readouterr()
+    line = one_line_error(capsys, ["inspect", str(dataset), "--split", "val"])
+    assert "'val'" in line and "train" in line and "--split-ratio" in line
+
+
+def test_simulate_widths_must_be_comma_separated(capsys):
+    line = one_line_error(capsys, ["simulate", "--widths", "4096 8192"])
+    assert "--widths" in line and "comma-separated" in line
+    main_help = pytest.raises(SystemExit, main, ["simulate", "--help"])
+    assert main_help.value.code == 0
+    assert "comma-separated" in capsys.readouterr().out
+
+
+def test_get_packing_loader_on_a_records_file(records, processor):
+    from energon_pack import PackingConfig, get_packing_loader
+
+    with pytest.raises(UsageError, match=r"records\.jsonl.* is a file, not a prepared dataset.*energon-pack prepare"):
+        get_packing_loader(records, PackingConfig(seq_length=1024, num_workers=0), processor)
+    with pytest.raises(UsageError, match="does not exist"):
+        get_packing_loader(records.parent / "missing", PackingConfig(seq_length=1024, num_workers=0), processor)

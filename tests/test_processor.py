@@ -114,3 +114,64 @@ def test_rope_constants_come_from_the_model_config_next_to_the_processor(process
     Qwen2_5_VLConfig(vision_config={"tokens_per_second": 4}).save_pretrained(tmp_path)
     spec = default_rope_spec(load_processor(tmp_path))
     assert spec.family == "qwen2.5-vl" and spec.tokens_per_second == 4
+
+
+# --- a hub id without network fails fast, naming the fix -----------------------------------
+
+
+@pytest.fixture()
+def empty_hub_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    return tmp_path / "hub"
+
+
+@pytest.mark.timeout(60)
+def test_an_uncached_hub_id_offline_fails_fast_naming_the_fix(empty_hub_cache, monkeypatch):
+    from huggingface_hub import constants
+
+    from energon_pack.errors import UsageError
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(UsageError) as err:
+        load_processor("Qwen/Qwen2.5-VL-7B-Instruct")
+    message = str(err.value)
+    assert "HF_HUB_OFFLINE=1" in message and str(empty_hub_cache) in message and "local folder" in message
+    assert "\n" not in message
+
+
+@pytest.mark.timeout(60)
+def test_an_uncached_hub_id_without_network_fails_fast(empty_hub_cache, monkeypatch):
+    from huggingface_hub import constants
+
+    from energon_pack.errors import UsageError
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(UsageError, match=r"cannot be reached.*HF_HUB_OFFLINE=1"):
+        load_processor("Qwen/Qwen2.5-VL-7B-Instruct")
+
+
+def test_a_missing_local_path_says_it_does_not_exist(tmp_path):
+    from energon_pack.errors import UsageError
+
+    for missing in (tmp_path / "no" / "such" / "dir", "./no_such_processor", "~/no_such_processor"):
+        with pytest.raises(UsageError, match="does not exist"):
+            load_processor(missing)
+
+
+def test_a_cached_hub_id_loads_without_network(processor, empty_hub_cache, monkeypatch):
+    """A hub id in the local cache loads from it, without the network and without HF_HUB_OFFLINE."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    repo = empty_hub_cache / "models--Qwen--Tiny-VL"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    processor.save_pretrained(snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    reloaded = load_processor("Qwen/Tiny-VL")
+    assert processor_family(reloaded) == "qwen2.5-vl"
+    assert reloaded.tokenizer.convert_tokens_to_ids("<|video_pad|>") == 151656

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_pack.cache import cache_dir
+from energon_pack.errors import UsageError
 from energon_pack.qwen.family import FAMILIES, Family
 
 # Pre-tokenizer split pattern of the Qwen2 tokenizer (digits are split one by one).
@@ -220,14 +221,73 @@ def _apply_pixel_limits(
         processor.video_processor.max_frames = max_frames
 
 
-def _model_config_or_none(path: str | os.PathLike[str]) -> Any:
+def _model_config_or_none(path: str) -> Any:
     """The model config next to a processor (for rope constants), or None when there is none."""
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(os.fspath(path))
+        return AutoConfig.from_pretrained(path)
     except (OSError, ValueError):
         return None
+
+
+#: Files of which one marks a processor in the local Hugging Face cache.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def _hub_reachable(endpoint: str, timeout_s: float = 5.0) -> bool:
+    """Whether the hub answers at all (any HTTP status) within ``timeout_s``; proxies are honoured."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+    return True
+
+
+def resolve_processor_source(path: str | os.PathLike[str]) -> str:
+    """What ``AutoProcessor.from_pretrained`` should load: a local folder, or a hub id to download.
+
+    A local folder loads as is; a hub id in the local Hugging Face cache loads from its cached
+    snapshot folder (no network); otherwise the hub id is downloaded if the hub answers.
+    Everything else fails fast with ``UsageError`` naming the fix (no minutes of retries).
+    Example: ``"/models/qwen"`` (a folder) -> ``"/models/qwen"``; ``"Qwen/Qwen2.5-VL-7B-Instruct"``
+    cached -> ``"<cache>/models--Qwen--Qwen2.5-VL-7B-Instruct/snapshots/<commit>"``;
+    ``"./missing"`` -> UsageError("... does not exist ...").
+    """
+    from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    text = os.fspath(path)
+    local = Path(text).expanduser()
+    if local.is_dir():
+        return str(local)
+    local_hint = "pass the path of a local folder holding the processor files (preprocessor_config.json, tokenizer)"
+    if local.exists():
+        raise UsageError(f"processor path {text!r} is a file; fix: {local_hint}")
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        raise UsageError(f"processor path {text!r} does not exist; fix: {local_hint}") from None
+    cache = constants.HF_HUB_CACHE
+    if any(isinstance(try_to_load_from_cache(text, name, cache_dir=cache), str) for name in PROCESSOR_FILES):
+        return snapshot_download(text, cache_dir=cache, local_files_only=True)
+    if constants.HF_HUB_OFFLINE:
+        why = "HF_HUB_OFFLINE=1 is set, so nothing is downloaded"
+    elif not _hub_reachable(constants.ENDPOINT):
+        why = f"the hub ({constants.ENDPOINT}) cannot be reached"
+    else:
+        return text
+    raise UsageError(
+        f"processor {text!r} is not a local folder and not in the local Hugging Face cache ({cache}), and {why}; "
+        f"fix: {local_hint}, or download it once with network (`hf download {text}`) into that cache "
+        "(HF_HUB_CACHE), then load it with HF_HUB_OFFLINE=1"
+    )
 
 
 def load_processor(
@@ -241,8 +301,9 @@ def load_processor(
     """Return a Qwen-VL processor.
 
     ``path`` None builds the offline default of ``family`` (default ``"qwen2.5-vl"``);
-    otherwise ``AutoProcessor.from_pretrained(path)`` (a local directory, or a hub id whose
-    files are in the local cache when ``HF_HUB_OFFLINE=1``); the model config found there, if
+    otherwise ``AutoProcessor.from_pretrained(path)`` (a local directory, or a hub id: from the
+    local Hugging Face cache when it is there, else downloaded; without network and cache it
+    fails fast with ``UsageError``, see ``resolve_processor_source``); the model config found there, if
     any, is kept as ``processor.energon_pack_model_config`` so rope constants such as
     ``tokens_per_second`` come from it. Pixel limits (pixels per image or per video frame) and
     the frame cap are set on the returned object.
@@ -262,7 +323,8 @@ def load_processor(
     else:
         from transformers import AutoProcessor
 
-        processor = AutoProcessor.from_pretrained(os.fspath(path))
-        processor.energon_pack_model_config = _model_config_or_none(path)
+        source = resolve_processor_source(path)
+        processor = AutoProcessor.from_pretrained(source)
+        processor.energon_pack_model_config = _model_config_or_none(source)
     _apply_pixel_limits(processor, min_pixels=min_pixels, max_pixels=max_pixels, max_frames=max_frames)
     return processor

@@ -317,8 +317,9 @@ def test_sample_frame_indices_invariants(total, fps_in, max_frames, min_frames):
     assert count % 2 == 0 and 2 <= count <= min(total, max_frames)
     assert indices[0] == 0 and indices[-1] == total - 1
     assert all(a < b for a, b in zip(indices, indices[1:]))
-    # Same frames as qwen-vl-utils' torch.linspace(...).round() and numpy's float64 linspace.
-    assert indices == torch.linspace(0, total - 1, count).round().long().tolist()
+    # Same frames as round(linspace(0, T-1, n)) in float64 (torch's float32 default, as in
+    # qwen-vl-utils, rounds differently near .5 once T reaches the thousands).
+    assert indices == torch.linspace(0, total - 1, count, dtype=torch.float64).round().long().tolist()
     assert indices == np.linspace(0, total - 1, count).round().astype(int).tolist()
     wanted = total / fps_in * 2.0
     even_min, even_max = min_frames + min_frames % 2, min(total, max_frames) // 2 * 2

@@ -24,6 +24,7 @@ from energon_pack.loss_reduction import LOSS_REDUCTIONS
 
 __all__ = [
     "CONFIG_PARTS",
+    "DEFAULT_BUFFER_SIZE",
     "LOSS_REDUCTIONS",
     "OVERLONG_POLICIES",
     "PIXEL_DTYPES",
@@ -280,7 +281,10 @@ class RowLayout:
     fixed_width: every row is exactly ``seq_length`` wide (tail padded).
     pad_cu_seqlens: cu_seqlens tensors have fixed length ``max_segments + 1`` (CUDA graphs).
     max_segments: most segments (samples) per row; None = unbounded.
-    pixel_dtype: dtype of the emitted pixel tensors ("uint8" defers normalisation to the GPU).
+    pixel_dtype: dtype of the emitted pixel tensors: "uint8" (default: resized, patchified pixels,
+        4x smaller to hold, pin and copy; normalised on the device by
+        ``VisualInputs.normalized_for_model``, equal to the float32 payload) or "float32"
+        (model-ready, the Hugging Face processor's ``pixel_values``).
     loss_reduction: what the trainer's per-token loss averages over: "token" (every supervised
         token alike), "sample" (each sample's mean loss alike) or "square" (InternVL's
         1/sqrt(n) weighting), realised as per-token weights in ``loss_mask``.
@@ -294,7 +298,7 @@ class RowLayout:
     fixed_width: bool = True
     pad_cu_seqlens: bool = False
     max_segments: int | None = None
-    pixel_dtype: Literal["float32", "uint8"] = "float32"
+    pixel_dtype: Literal["float32", "uint8"] = "uint8"
     loss_reduction: Literal["token", "sample", "square"] = "token"
 
     def __post_init__(self) -> None:
@@ -373,11 +377,21 @@ class RowLayout:
             )
 
 
+#: Samples per round when neither ``buffer_size`` nor ``buffer_tokens`` is given.
+DEFAULT_BUFFER_SIZE = 16
+
+
 @dataclass(frozen=True, kw_only=True)
 class PackingPolicy:
     """How the packing stage chooses bins.
 
-    buffer_size: samples in the packing (reading) buffer.
+    A selection round runs on the samples that arrived since the last round (plus the pending
+    groups); exactly one of two settings says when:
+
+    buffer_size: after this many new samples (default 16 when ``buffer_tokens`` is not set).
+    buffer_tokens: after the new samples hold at least this many aligned tokens (a multiple of
+        ``seq_length``, e.g. ``2 * seq_length``): one setting keeps rounds meaningful across row
+        widths and across mixes of short and long samples. Set it with ``buffer_size`` unset.
     max_wait_rounds: most buffer rounds an under-filled bin is held back as a pending group.
     min_fill: fill fraction in (0, 1] at which a bin is emitted without waiting.
     max_row_vision_patches: most ViT input patches per row (sum of t*h*w over the row's image and
@@ -390,7 +404,8 @@ class PackingPolicy:
         ``max_row_media``).
     """
 
-    buffer_size: int = 16
+    buffer_size: int | None = None
+    buffer_tokens: int | None = None
     max_wait_rounds: int = 4
     min_fill: float = 0.99
     max_row_vision_patches: int | None = None
@@ -400,15 +415,28 @@ class PackingPolicy:
     def __post_init__(self) -> None:
         if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
             object.__setattr__(self, "min_fill", float(self.min_fill))
+        if self.buffer_size is None and self.buffer_tokens is None:
+            object.__setattr__(self, "buffer_size", DEFAULT_BUFFER_SIZE)
         _raise_if_problems(type(self).__name__, self.problems())
 
     def fingerprint(self) -> dict[str, Any]:
-        """Resume-relevant values."""
-        return _fingerprint_fields(self)
+        """Resume-relevant values (``buffer_tokens`` only when set, so that states saved before it
+        existed still resume)."""
+        values = _fingerprint_fields(self)
+        if values["buffer_tokens"] is None:
+            del values["buffer_tokens"]
+        return values
 
     def problems(self) -> Iterator[str | None]:
         """One line per violated rule (None for rules that hold)."""
-        yield _int_problem("buffer_size", self.buffer_size, minimum=1)
+        if self.buffer_size is not None and self.buffer_tokens is not None:
+            yield (
+                f"buffer_size={self.buffer_size!r}, buffer_tokens={self.buffer_tokens!r}: a round runs after "
+                "buffer_size new samples or after buffer_tokens new tokens, not both; fix: keep one of them "
+                "and set the other to null (None)"
+            )
+        yield _int_problem("buffer_size", self.buffer_size, minimum=1, optional=True)
+        yield _int_problem("buffer_tokens", self.buffer_tokens, minimum=1, optional=True)
         yield _int_problem("max_wait_rounds", self.max_wait_rounds, minimum=0)
         if not isinstance(self.min_fill, float) or not 0.0 < self.min_fill <= 1.0:  # bools are not floats
             yield (
@@ -420,6 +448,29 @@ class PackingPolicy:
         yield _choice_problem("on_overlong", self.on_overlong, OVERLONG_POLICIES)
 
 
+def _switched_buffer_unit(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Setting one of buffer_size / buffer_tokens over an existing policy unsets the other.
+
+    Example: ``{"buffer_tokens": 16384}`` -> ``{"buffer_size": None}``; ``{"min_fill": 0.9}`` -> ``{}``.
+    """
+    pair = {"buffer_size": "buffer_tokens", "buffer_tokens": "buffer_size"}
+    return {other: None for key, other in pair.items() if key in values and other not in values}
+
+
+def _buffer_tokens_problem(row: RowLayout | None, policy: PackingPolicy | None) -> str | None:
+    """``buffer_tokens`` (when set) must be a multiple of the row width, so a round holds whole rows.
+
+    Example: seq_length 8192, buffer_tokens 12000 -> an error suggesting 16384.
+    """
+    if row is None or policy is None or policy.buffer_tokens is None or policy.buffer_tokens % row.seq_length == 0:
+        return None
+    return (
+        f"buffer_tokens={policy.buffer_tokens}: must be a multiple of seq_length={row.seq_length} (a round "
+        f"buffers whole rows of tokens); fix: set buffer_tokens to e.g. "
+        f"{_next_multiple(policy.buffer_tokens, row.seq_length)}"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoaderOptions:
     """How Energon reads the data.
@@ -429,6 +480,9 @@ class LoaderOptions:
     shuffle_buffer_size / max_samples_per_sequence: Energon shuffling knobs (None = Energon default).
     seed: shuffle seed.
     allow_inexact_resume: restore a loader state saved under a different fingerprint anyway.
+    prefetch_factor: rows each worker builds ahead of the consumer (Energon's / torch's
+        ``prefetch_factor``). Each row in flight holds its whole pixel payload, so a worker's
+        memory grows with it; 1 is enough when a row is consumed slower than a worker builds one.
     """
 
     num_workers: int = 2
@@ -437,6 +491,7 @@ class LoaderOptions:
     max_samples_per_sequence: int | None = None
     seed: int = 42
     allow_inexact_resume: bool = field(default=False, metadata=_NOT_FINGERPRINTED)
+    prefetch_factor: int = field(default=2, metadata=_NOT_FINGERPRINTED)
 
     def __post_init__(self) -> None:
         _raise_if_problems(type(self).__name__, self.problems())
@@ -453,6 +508,7 @@ class LoaderOptions:
         yield _int_problem("shuffle_buffer_size", self.shuffle_buffer_size, minimum=1, optional=True)
         yield _int_problem("max_samples_per_sequence", self.max_samples_per_sequence, minimum=1, optional=True)
         yield _int_problem("seed", self.seed, minimum=0)
+        yield _int_problem("prefetch_factor", self.prefetch_factor, minimum=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -522,12 +578,15 @@ class PackingConfig:
         problems: list[str] = []
         for name, cls in CONFIG_PARTS.items():
             values = {key: value for key, value in flat.items() if _PART_OF_KEY[key] == name}
+            if given[name] is not None:
+                values = {**_switched_buffer_unit(values), **values}
             try:
                 part = cls(**values) if given[name] is None else dataclasses.replace(given[name], **values)
             except ConfigError as err:
                 problems += err.problems
                 part = None
             object.__setattr__(self, name, part)
+        problems += filter(None, [_buffer_tokens_problem(self.row, self.policy)])
         problems += filter(None, _trainer_problems(
             self.row,
             micro_batch_size=self.trainer.micro_batch_size,

@@ -9,8 +9,12 @@ The returned ``PackingDataLoader`` is Energon's ``SavableDataLoader`` plus two t
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
+import itertools
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -65,6 +69,22 @@ def resume_fingerprint(
     }
 
 
+@contextlib.contextmanager
+def frozen_gc() -> Iterator[None]:
+    """Collect, then move every live object to the permanent generation for the ``with`` block.
+
+    Processes forked inside the block keep them frozen (their collector never touches those
+    objects, so the memory pages holding them stay shared copy-on-write); this process
+    unfreezes on exit. Example: ``with frozen_gc(): gc.get_freeze_count() > 0``.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class PackingDataLoader(SavableDataLoader):
     """Energon's savable loader with a resume fingerprint and aggregated packing statistics."""
 
@@ -94,7 +114,16 @@ class PackingDataLoader(SavableDataLoader):
         )
 
     def __iter__(self):
-        for batch in super().__iter__():
+        batches = super().__iter__()
+        # Workers fork on the first request. Objects alive now go to the permanent generation
+        # first, so a worker's garbage collector (and Energon's gc_init_worker scan) never writes
+        # to their headers: those pages stay shared with this process instead of being copied
+        # into every worker. The parent unfreezes as soon as the workers exist.
+        with frozen_gc():
+            first = next(batches, None)
+        if first is None:
+            return
+        for batch in itertools.chain([first], batches):
             snapshot = batch.get("__stats__") if isinstance(batch, dict) else None
             if snapshot:
                 self._worker_stats[snapshot["worker_id"]] = snapshot
@@ -215,5 +244,5 @@ def get_packing_loader(
         fingerprint=fingerprint,
         allow_inexact_resume=config.loader.allow_inexact_resume,
         stats_dir=stats_dir,
-        **loader_kwargs,
+        **{"prefetch_factor": config.loader.prefetch_factor, **loader_kwargs},
     )

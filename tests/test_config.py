@@ -248,6 +248,7 @@ valid_configs = topologies.flatmap(
         width_multiple=st.sampled_from([None, 128]),
         buffer_size=st.integers(1, 64),
         max_wait_rounds=st.integers(0, 8),
+        prefetch_factor=st.integers(1, 4),
         min_fill=st.floats(0.01, 1.0),
         on_overlong=st.sampled_from(["skip", "error", "shrink"]),
         max_row_vision_patches=st.one_of(st.none(), st.integers(1, 10**6)),
@@ -472,6 +473,50 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
     config = PackingConfig(seq_length=8192, topology=TP4_SP)
     assert config.fingerprint() == {**config.row.fingerprint(), **config.policy.fingerprint(),
                                     **config.loader.fingerprint()}
-    unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume"}
+    # buffer_tokens enters only when set (states saved before it existed still resume).
+    unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens"}
     part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}
     assert set(config.fingerprint()) == part_keys - unfingerprinted | {"pad_multiple"}
+
+
+# --------------------------------------------------------------------------- buffer in tokens, prefetch, payload
+
+
+def test_buffer_defaults_to_16_samples_and_uint8_payload() -> None:
+    config = PackingConfig(seq_length=8192)
+    assert (config.buffer_size, config.buffer_tokens, config.pixel_dtype, config.prefetch_factor) == (16, None, "uint8", 2)
+    assert "buffer_tokens" not in config.fingerprint() and config.fingerprint()["buffer_size"] == 16
+
+
+def test_buffer_tokens_replaces_buffer_size() -> None:
+    config = PackingConfig(seq_length=8192, buffer_tokens=16384)
+    assert (config.buffer_size, config.buffer_tokens) == (None, 16384)
+    assert config.fingerprint()["buffer_tokens"] == 16384 and config.fingerprint()["buffer_size"] is None
+    assert PackingConfig.from_dict(config.to_dict()) == config
+    # Setting one unit over an existing policy unsets the other, both ways.
+    switched = dataclasses.replace(PackingConfig(seq_length=8192, buffer_size=8), buffer_tokens=8192)
+    assert (switched.buffer_size, switched.buffer_tokens) == (None, 8192)
+    back = dataclasses.replace(switched, buffer_size=32)
+    assert (back.buffer_size, back.buffer_tokens) == (32, None)
+
+
+def test_buffer_tokens_from_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("seq_length: 4096\nbuffer_tokens: 8192\n", encoding="utf-8")
+    assert PackingConfig.from_yaml(path).policy == PackingPolicy(buffer_tokens=8192)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"buffer_tokens": 12000}, "buffer_tokens=12000: must be a multiple of seq_length=8192"),
+        ({"buffer_tokens": 12000}, "e.g. 16384"),
+        ({"buffer_tokens": 8192, "buffer_size": 4}, "buffer_size=4, buffer_tokens=8192: a round runs after"),
+        ({"buffer_tokens": 0}, "buffer_tokens=0: must be an integer >= 1"),
+        ({"prefetch_factor": 0}, "prefetch_factor=0: must be an integer >= 1"),
+    ],
+)
+def test_buffer_tokens_and_prefetch_rules(values: dict, expected: str) -> None:
+    with pytest.raises(ValueError) as info:
+        PackingConfig(seq_length=8192, **values)
+    assert expected in str(info.value)

@@ -87,7 +87,7 @@ def golden_mix(request: pytest.FixtureRequest) -> tuple[Any, list[Any], list[Pre
 @pytest.mark.slow
 def test_postencode_pixels_equal_hf_processor(golden_mix):
     processor, samples, prepared = golden_mix
-    encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
+    encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH, pixel_dtype="float32"), processor)
     skipped = {p.__key__: p.skip_reason for p in prepared if p.skip_reason is not None}
     assert not skipped, f"the golden mix holds only good samples, but preencode skipped {skipped}"
     worst = dict.fromkeys(PIXEL_FIELDS, 0.0)
@@ -119,7 +119,7 @@ def test_postencode_pixels_equal_hf_processor(golden_mix):
 @pytest.mark.slow
 def test_uint8_payload_normalises_to_the_float32_payload(golden_mix):
     processor, _, prepared = golden_mix
-    float_encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
+    float_encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH, pixel_dtype="float32"), processor)
     uint8_encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH, pixel_dtype="uint8"), processor)
     with_media = [p for p in prepared if p.images or p.videos][:UINT8_SAMPLES]
     image_processor = processor.image_processor

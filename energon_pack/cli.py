@@ -75,6 +75,11 @@ def comma_separated_ints(text: str) -> list[int]:
     return values
 
 
+def comma_separated_ints_or_none(text: str) -> list[int]:
+    """:func:`comma_separated_ints`, or ``[]`` for an empty string. Example: ``""`` -> ``[]``."""
+    return comma_separated_ints(text) if text else []
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``energon-pack`` argument parser (one sub-command per job)."""
     parser = _Parser(prog="energon-pack", description=__doc__)
@@ -107,9 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--dataset", type=Path, default=None, help="prepared dataset (default: built-in reference mix)")
     simulate.add_argument("--samples", type=int, default=4000, help="samples of the reference mix")
     simulate.add_argument(
-        "--widths", type=comma_separated_ints, default="4096,8192,16384", help="row widths W, comma-separated"
+        "--widths", type=comma_separated_ints, default="4096,8192,16384,32768", help="row widths W, comma-separated"
     )
-    simulate.add_argument("--buffers", type=comma_separated_ints, default="8,16,32,64", help="buffer sizes, comma-separated")
+    simulate.add_argument(
+        "--buffers", type=comma_separated_ints, default="8,16,32", help="buffer sizes (samples per round), comma-separated"
+    )
+    simulate.add_argument(
+        "--buffer-rows",
+        type=comma_separated_ints_or_none,
+        default="1,2,4",
+        help="token buffers in rows of W, comma-separated: k means buffer_tokens = k * W (\"\": samples only)",
+    )
     simulate.add_argument(
         "--max-row-vision-patches",
         type=int,

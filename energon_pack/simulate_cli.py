@@ -53,6 +53,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         samples,
         widths=args.widths,
         buffer_sizes=args.buffers,
+        buffer_rows=args.buffer_rows,
         min_fill=defaults.min_fill,
         max_wait_rounds=defaults.max_wait_rounds,
         vision_budgets=budgets,

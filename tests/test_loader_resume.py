@@ -60,9 +60,14 @@ def all_keys(synthetic_dataset):
     return sorted(f"sample{i:05d}" for i in range(synthetic_dataset.written))
 
 
+#: A round per two rows' worth of new tokens instead of per 4 new samples.
+TOKEN_BUFFER = {"buffer_size": None, "buffer_tokens": 2 * W}
+
+
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
-def test_epoch_yields_every_key_once_minus_counted_skips(dataset, processor, all_keys, num_workers):
-    rows, stats = full_run(dataset, processor, make_config(num_workers))
+@pytest.mark.parametrize("buffer", [{}, TOKEN_BUFFER], ids=["buffer_size", "buffer_tokens"])
+def test_epoch_yields_every_key_once_minus_counted_skips(dataset, processor, all_keys, num_workers, buffer):
+    rows, stats = full_run(dataset, processor, make_config(num_workers, **buffer))
     keys = [key for row_keys, _ in rows for key in row_keys]
     assert len(keys) == len(set(keys))
     assert stats["samples_in"] == len(all_keys)
@@ -72,11 +77,16 @@ def test_epoch_yields_every_key_once_minus_counted_skips(dataset, processor, all
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_workers", [0, 1, 2])
-@pytest.mark.parametrize("eager", [True, False], ids=["eager-checkpoints", "default-checkpoints"])
-def test_restore_continues_with_identical_rows(dataset, processor, num_workers, eager):
+@pytest.mark.parametrize(
+    ("num_workers", "eager", "buffer"),
+    [
+        *[(workers, eager, {}) for workers in (0, 1, 2) for eager in (True, False)],
+        (2, True, TOKEN_BUFFER),
+    ],
+)
+def test_restore_continues_with_identical_rows(dataset, processor, num_workers, eager, buffer):
     kwargs = EAGER if eager else {}
-    config = make_config(num_workers)
+    config = make_config(num_workers, **buffer)
     reference, pending, _ = full_run_with_pending(dataset, processor, config, **kwargs)
     assert len(reference) >= 4
     with_pending = [i + 1 for i, count in enumerate(pending) if count > 0]

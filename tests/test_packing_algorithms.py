@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from energon_pack.alignment import aligned_length
 from energon_pack.packing.algorithms import (
     PackItem,
+    RoundSize,
     RowBudget,
     _best_subset,
     _best_subset_budgeted,
@@ -394,3 +395,10 @@ def test_rows_without_a_budget_equal_those_before_vision_budgets(kwargs: dict, e
     lengths = [aligned_length(n, pad) for n in reference_length_mix(3000, seed=0)]
     kept = [n for n in lengths if n <= kwargs["capacity"]]
     assert _rounds_digest(list(iter_rounds(kept, **kwargs))) == expected
+
+
+def test_round_size_counts_samples_or_tokens() -> None:
+    assert RoundSize(samples=2).is_full(2, 1) and not RoundSize(samples=2).is_full(1, 10**6)
+    assert RoundSize(tokens=100).is_full(1, 100) and not RoundSize(tokens=100).is_full(50, 99)
+    with pytest.raises(ValueError, match="buffer_tokens=0 must be >= 1"):
+        RoundSize(tokens=0)

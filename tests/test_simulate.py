@@ -201,3 +201,49 @@ def test_plot_fill_without_matplotlib_names_the_extra(tmp_path, monkeypatch) -> 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match=r"plot extra"):
         plot_fill([], tmp_path / "x.png")
+
+
+# --------------------------------------------------------------------------- buffer in tokens
+
+
+def test_token_buffer_runs_a_round_once_the_new_samples_hold_buffer_tokens() -> None:
+    lengths = reference_length_mix(600, seed=2)
+    kept = [n for n in lengths if n <= 8192]
+    rounds = list(iter_rounds(kept, capacity=8192, buffer_tokens=16384, min_fill=MIN_FILL, max_wait_rounds=4))
+    previous_new: set[int] = set()
+    for packing_round in rounds:
+        new = [it for it in packing_round.candidates if it.arrival_round == packing_round.index]
+        assert not {it.index for it in new} & previous_new
+        previous_new = {it.index for it in new}
+        tokens = sum(it.length for it in new)
+        if not packing_round.flush:
+            # Full with the last arrival, not full without it.
+            assert tokens >= 16384 > tokens - max(new, key=lambda it: it.index).length
+    assert rounds[-1].flush and sum(it.length for r in rounds for b in r.result.emitted for it in b) == sum(kept)
+
+
+def test_token_buffer_keeps_fill_where_a_sample_buffer_holds_less_than_a_row() -> None:
+    mix = reference_mix(3000, seed=0)
+    common = dict(seq_length=16384, min_fill=MIN_FILL, max_wait_rounds=MAX_WAIT_ROUNDS)
+    by_samples = simulate_stream(mix, buffer_size=8, **common)
+    by_tokens = simulate_stream(mix, buffer_tokens=2 * 16384, **common)
+    # 8 samples of the mix hold ~11.6K tokens, less than one 16K row: the wait bound forces
+    # partial rows; a round of two rows' worth of tokens does not.
+    assert by_samples.fill < 0.98 and by_tokens.fill >= 0.99
+    ffd = simulate_ffd_per_buffer(mix, seq_length=16384, buffer_tokens=2 * 16384)
+    assert ffd.samples == by_tokens.samples and ffd.fill < by_tokens.fill
+
+
+def test_simulation_table_lists_sample_and_token_buffers() -> None:
+    rows = simulation_table(
+        reference_mix(400, seed=1), widths=[4096], buffer_sizes=[8], buffer_rows=[1, 2],
+        min_fill=MIN_FILL, max_wait_rounds=MAX_WAIT_ROUNDS,
+    )
+    assert [row["buffer"] for row in rows] == [8, "1W tok", "2W tok"]
+    assert "2W tok" in format_table(rows)
+
+
+def test_round_needs_exactly_one_buffer_unit() -> None:
+    for kwargs in ({}, {"buffer_size": 4, "buffer_tokens": 8192}):
+        with pytest.raises(ValueError, match="set exactly one"):
+            list(iter_rounds([5], capacity=10, min_fill=0.9, max_wait_rounds=1, **kwargs))

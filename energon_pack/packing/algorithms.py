@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PackItem", "RoundResult", "RowBudget", "first_fit_decreasing", "select_bins"]
+__all__ = ["PackItem", "RoundResult", "RoundSize", "RowBudget", "first_fit_decreasing", "select_bins"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,35 @@ class RowBudget:
             vision_patches=left(self.vision_patches, sum(it.vision for it in items)),
             media=left(self.media, sum(it.media for it in items)),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundSize:
+    """When a selection round runs: once ``samples`` new samples have arrived, or once the new
+    samples hold at least ``tokens`` aligned slots (exactly one of the two is set).
+
+    Example: ``RoundSize(tokens=16384).is_full(new_samples=3, new_tokens=17000)`` -> True;
+    ``RoundSize(samples=16).is_full(new_samples=3, new_tokens=17000)`` -> False.
+    """
+
+    samples: int | None = None
+    tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.samples is None) == (self.tokens is None):
+            raise ValueError(
+                f"samples={self.samples}, tokens={self.tokens}: a round size is a number of samples "
+                "(buffer_size) or of tokens (buffer_tokens); fix: set exactly one of them"
+            )
+        for name, value in (("buffer_size", self.samples), ("buffer_tokens", self.tokens)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value} must be >= 1; e.g. buffer_size=16 or buffer_tokens=2*W.")
+
+    def is_full(self, new_samples: int, new_tokens: int) -> bool:
+        """Whether ``new_samples`` arrivals holding ``new_tokens`` aligned slots fill a round."""
+        if self.samples is not None:
+            return new_samples >= self.samples
+        return new_tokens >= self.tokens
 
 
 @dataclass(frozen=True)

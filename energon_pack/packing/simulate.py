@@ -1,8 +1,8 @@
 """Packing simulator: our round-based selector against first-fit-decreasing per buffer.
 
 Runs the packing rounds exactly as the savable wrapper does (fill a buffer of
-``buffer_size`` new samples, run a round, carry the pending groups, flush at
-the end of the stream) on a list of samples (token lengths, or `MixSample`s
+``buffer_size`` new samples, or of new samples holding ``buffer_tokens`` tokens, run a
+round, carry the pending groups, flush at the end of the stream) on a list of samples (token lengths, or `MixSample`s
 that also carry vision patches and media counts), and measures fill
 (real tokens / (rows * W)), vision patches per row, rows and waiting time.
 No Energon, no torch.
@@ -20,6 +20,7 @@ from energon_pack.alignment import aligned_length
 from energon_pack.packing.algorithms import (
     PackItem,
     RoundResult,
+    RoundSize,
     RowBudget,
     first_fit_decreasing,
     select_bins,
@@ -184,7 +185,8 @@ def iter_rounds(
     aligned_lengths: Sequence[int | MixSample],
     *,
     capacity: int,
-    buffer_size: int,
+    buffer_size: int | None = None,
+    buffer_tokens: int | None = None,
     min_fill: float,
     max_wait_rounds: int,
     max_segments: int | None = None,
@@ -193,7 +195,9 @@ def iter_rounds(
 ) -> Iterator[PackingRound]:
     """Drive :func:`select_bins` over a stream as the wrapper does.
 
-    Every ``buffer_size`` new samples a round runs on the new samples plus
+    Every ``buffer_size`` new samples (or, with ``buffer_tokens`` instead, once
+    the new samples hold at least that many aligned slots) a round runs on the
+    new samples plus
     the pending groups; after the stream a flush round runs on the leftover
     partial buffer plus the pending groups (if any) and emits everything.
     Sample ``i`` gets index ``i``; a sample is its aligned length in slots,
@@ -202,8 +206,7 @@ def iter_rounds(
     Example: aligned lengths ``[6, 4, 3]``, capacity 10, buffer 2 -> round 0
     emits ``[#0, #1]``; flush round 1 emits ``[#2]``.
     """
-    if buffer_size < 1:
-        raise ValueError(f"buffer_size={buffer_size} must be >= 1 sample.")
+    round_size = RoundSize(samples=buffer_size, tokens=buffer_tokens)
     pending: list[PackItem] = []
     new: list[PackItem] = []
     round_index = 0
@@ -235,7 +238,7 @@ def iter_rounds(
                 media=sample.media,
             )
         )
-        if len(new) == buffer_size:
+        if round_size.is_full(len(new), sum(it.length for it in new)):
             yield run(flush=False)
             round_index += 1
     if pending or new:
@@ -246,7 +249,8 @@ def simulate_stream(
     lengths: Sequence[int | MixSample],
     *,
     seq_length: int,
-    buffer_size: int,
+    buffer_size: int | None = None,
+    buffer_tokens: int | None = None,
     pad_multiple: int = 1,
     min_fill: float,
     max_wait_rounds: int,
@@ -264,6 +268,7 @@ def simulate_stream(
         _aligned(kept, pad_multiple),
         capacity=seq_length,
         buffer_size=buffer_size,
+        buffer_tokens=buffer_tokens,
         min_fill=min_fill,
         max_wait_rounds=max_wait_rounds,
         max_segments=max_segments,
@@ -281,20 +286,21 @@ def simulate_ffd_per_buffer(
     lengths: Sequence[int | MixSample],
     *,
     seq_length: int,
-    buffer_size: int,
+    buffer_size: int | None = None,
+    buffer_tokens: int | None = None,
     pad_multiple: int = 1,
     max_segments: int | None = None,
     max_vision_patches: int | None = None,
     max_media: int | None = None,
 ) -> SimulationResult:
-    """Baseline: first-fit-decreasing on each buffer, every bin emitted, nothing carried
-    (within the same vision limits when they are set)."""
+    """Baseline: first-fit-decreasing on each buffer (``buffer_size`` samples, or samples
+    holding ``buffer_tokens`` slots), every bin emitted, nothing carried (within the same
+    vision limits when they are set)."""
     budget = RowBudget(tokens=seq_length, segments=max_segments, vision_patches=max_vision_patches, media=max_media)
     kept, skipped = _split_unfit(lengths, budget, pad_multiple)
     aligned = _aligned(kept, pad_multiple)
     vision: list[int] = []
-    for start in range(0, len(aligned), buffer_size):
-        buffer = aligned[start : start + buffer_size]
+    for buffer in _buffers(aligned, RoundSize(samples=buffer_size, tokens=buffer_tokens)):
         bins = first_fit_decreasing(
             [s.tokens for s in buffer],
             seq_length,
@@ -313,6 +319,7 @@ def simulation_table(
     *,
     widths: Sequence[int],
     buffer_sizes: Sequence[int],
+    buffer_rows: Sequence[int] = (),
     pad_multiple: int = 1,
     min_fill: float,
     max_wait_rounds: int,
@@ -320,7 +327,9 @@ def simulation_table(
     vision_budgets: Sequence[int | None] = (None,),
 ) -> list[dict[str, float | int | None]]:
     """One row per (W, buffer, vision budget): our selector and the FFD baseline on the same
-    stream, both under ``max_vision_patches`` = that budget (None: no budget).
+    stream, both under ``max_vision_patches`` = that budget (None: no budget). Buffers are
+    ``buffer_sizes`` (samples; "buffer" is the number) then ``buffer_rows`` (tokens: a round
+    runs once the new samples hold k * W aligned tokens; "buffer" reads e.g. "2W tok").
 
     Keys: ``W, buffer, budget, fill, ffd_fill, ratio, vision_mean, vision_p50, vision_p99,
     vision_max, ffd_vision_p99, ffd_vision_max, rows_per_1000, ffd_rows_per_1000, mean_wait,
@@ -328,11 +337,14 @@ def simulation_table(
     """
     table = []
     for width in widths:
-        for buffer_size in buffer_sizes:
+        buffers = [({"buffer_size": size}, size) for size in buffer_sizes] + [
+            ({"buffer_tokens": rows * width}, f"{rows}W tok") for rows in buffer_rows
+        ]
+        for buffer, label in buffers:
             for budget in vision_budgets:
                 common = {
                     "seq_length": width,
-                    "buffer_size": buffer_size,
+                    **buffer,
                     "pad_multiple": pad_multiple,
                     "max_segments": max_segments,
                     "max_vision_patches": budget,
@@ -342,7 +354,7 @@ def simulation_table(
                 table.append(
                     {
                         "W": width,
-                        "buffer": buffer_size,
+                        "buffer": label,
                         "budget": budget,
                         "fill": ours.fill,
                         "ffd_fill": ffd.fill,
@@ -365,7 +377,7 @@ def simulation_table(
 
 _COLUMNS = (
     ("W", "W", "{:d}"),
-    ("buffer", "buffer", "{:d}"),
+    ("buffer", "buffer", "{}"),
     ("fill", "fill", "{:.2%}"),
     ("ffd_fill", "FFD fill", "{:.2%}"),
     ("ratio", "ratio", "{:.3f}"),
@@ -409,7 +421,11 @@ def plot_fill(rows: Sequence[dict[str, float | int | None]], path: str | Path) -
     series = sorted({(row["W"], row["budget"]) for row in rows}, key=lambda key: (key[0], key[1] or 0))
     for width, budget in series:
         sub = sorted(
-            (row for row in rows if (row["W"], row["budget"]) == (width, budget)), key=lambda r: r["buffer"]
+            (
+                row for row in rows
+                if (row["W"], row["budget"]) == (width, budget) and isinstance(row["buffer"], int)
+            ),
+            key=lambda r: r["buffer"],
         )
         buffers = [row["buffer"] for row in sub]
         label = f"W={width}" + ("" if budget is None else f", vision<={budget}")
@@ -431,6 +447,21 @@ def plot_fill(rows: Sequence[dict[str, float | int | None]], path: str | Path) -
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _buffers(samples: Sequence[MixSample], round_size: RoundSize) -> Iterator[list[MixSample]]:
+    """Consecutive buffers of ``samples``, each closed as soon as it fills ``round_size``.
+
+    Example: tokens [3, 5, 2, 4] with ``RoundSize(tokens=6)`` -> [[3, 5], [2, 4]].
+    """
+    buffer: list[MixSample] = []
+    for sample in samples:
+        buffer.append(sample)
+        if round_size.is_full(len(buffer), sum(s.tokens for s in buffer)):
+            yield buffer
+            buffer = []
+    if buffer:
+        yield buffer
 
 
 def _mix_samples(samples: Sequence[int | MixSample]) -> list[MixSample]:

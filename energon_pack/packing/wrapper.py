@@ -6,7 +6,8 @@ carry under-filled bins across rounds, so this stage replaces it. Per worker it
 1. admits prepared samples into the reading buffer (bad-sample markers and samples that fit
    no row, being overlong or over a per-row vision budget on their own, are counted and
    dropped, never buffered);
-2. when ``buffer_size`` new samples have arrived (or the stream ended), runs one selection
+2. when ``buffer_size`` new samples (or new samples holding ``buffer_tokens`` aligned tokens)
+   have arrived, or the stream ended, runs one selection
    round over new + pending samples (``select_bins``, within the row's width and vision
    budgets): full bins and bins holding a sample that waited ``max_wait_rounds`` rounds
    become ready, the rest stays pending;
@@ -42,7 +43,7 @@ from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError
 from energon_pack.alignment import aligned_length
-from energon_pack.packing.algorithms import PackItem, RowBudget, select_bins
+from energon_pack.packing.algorithms import PackItem, RoundSize, RowBudget, select_bins
 from energon_pack.stats import PackingStats, publish_snapshot, worker_telemetry
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             vision_patches=policy.max_row_vision_patches,
             media=policy.max_row_media,
         )
+        #: When a round runs: after buffer_size new samples or buffer_tokens new aligned tokens.
+        self._round_size = RoundSize(samples=policy.buffer_size, tokens=policy.buffer_tokens)
         self.postencode = postencode
         self.pack = pack
         #: Folder where each worker publishes its statistics for ``PackingDataLoader.stats()``.
@@ -160,13 +163,20 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         return bool(self._reading_buffer.buffer or self._pending_items or self._ready_sizes)
 
     def _fill_reading_buffer(self, source: Iterator[PreparedSample]) -> None:
-        while len(self._reading_buffer.buffer) < self.policy.buffer_size:
+        """Admit samples until the new ones fill a round (``buffer_size`` samples or
+        ``buffer_tokens`` aligned tokens) or the source ends."""
+        reading = self._reading_buffer.buffer
+        tokens = sum(self._slots(sample) for sample in reading)
+        while not self._round_size.is_full(len(reading), tokens):
             try:
                 sample = next(source)
             except StopIteration:
                 self._source_exhausted = True
                 return
+            buffered = len(reading)
             self._admit(sample)
+            if len(reading) > buffered:
+                tokens += self._slots(sample)
 
     def _admit(self, sample: PreparedSample) -> None:
         """Count ``sample``; buffer it unless it is a bad-sample marker or fits no row."""
@@ -357,4 +367,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         }
 
     def __str__(self) -> str:
-        return f"PendingGroupPackingDataset(seq_length={self.row.seq_length}, buffer_size={self.policy.buffer_size}, dataset={self.dataset})"
+        return (
+            f"PendingGroupPackingDataset(seq_length={self.row.seq_length}, buffer_size={self.policy.buffer_size}, "
+            f"buffer_tokens={self.policy.buffer_tokens}, dataset={self.dataset})"
+        )

@@ -59,6 +59,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         vision_budgets=budgets,
     )
     print(f"lengths: {source}; min_fill={defaults.min_fill}, max_wait_rounds={defaults.max_wait_rounds}")
+    print("buffer: new samples per round (buffer_size), or kW: a round once the new samples hold k * W tokens (buffer_tokens)")
     print("vision figures: ViT input patches per row (t*h*w before the 2x2 merge); skipped: fits no row")
     print(format_table(rows))
     if args.plot is not None:

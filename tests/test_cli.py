@@ -36,12 +36,17 @@ def test_simulate_reference_mix_prints_ours_and_ffd(capsys):
     assert main(["simulate", "--samples", "800", "--widths", "8192", "--buffers", "16"]) == 0
     out = capsys.readouterr().out
     assert "FFD fill" in out and "reference VLM length mix" in out
-    ours, ffd = (float(v.rstrip("%")) for v in out.strip().splitlines()[-1].split()[2:4])
-    assert ours > ffd
+    # One row for the sample buffer, then one per token buffer (1, 2 and 4 rows' worth).
+    rows = [line.split() for line in out.strip().splitlines()[-4:]]
+    assert [row[1] for row in rows] == ["16", "1W", "2W", "4W"]
+    for row in rows:
+        ours, ffd = (float(v.rstrip("%")) for v in row[2:4])
+        assert ours > ffd
 
 
 def test_simulate_with_a_vision_budget_prints_both_rows(capsys):
-    args = ["simulate", "--samples", "600", "--widths", "8192", "--buffers", "16", "--max-row-vision-patches", "20000"]
+    args = ["simulate", "--samples", "600", "--widths", "8192", "--buffers", "16", "--buffer-rows", "",
+            "--max-row-vision-patches", "20000"]
     assert main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     header = re.split(r"\s{2,}", lines[-4].strip())

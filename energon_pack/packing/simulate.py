@@ -329,7 +329,7 @@ def simulation_table(
     """One row per (W, buffer, vision budget): our selector and the FFD baseline on the same
     stream, both under ``max_vision_patches`` = that budget (None: no budget). Buffers are
     ``buffer_sizes`` (samples; "buffer" is the number) then ``buffer_rows`` (tokens: a round
-    runs once the new samples hold k * W aligned tokens; "buffer" reads e.g. "2W tok").
+    runs once the new samples hold k * W aligned tokens; "buffer" reads e.g. "2W").
 
     Keys: ``W, buffer, budget, fill, ffd_fill, ratio, vision_mean, vision_p50, vision_p99,
     vision_max, ffd_vision_p99, ffd_vision_max, rows_per_1000, ffd_rows_per_1000, mean_wait,
@@ -338,7 +338,7 @@ def simulation_table(
     table = []
     for width in widths:
         buffers = [({"buffer_size": size}, size) for size in buffer_sizes] + [
-            ({"buffer_tokens": rows * width}, f"{rows}W tok") for rows in buffer_rows
+            ({"buffer_tokens": rows * width}, f"{rows}W") for rows in buffer_rows
         ]
         for buffer, label in buffers:
             for budget in vision_budgets:

@@ -1,4 +1,4 @@
-"""``energon-pack``: demo, prepare, simulate, bench, inspect."""
+"""``energon-pack``: demo, prepare, simulate, bench, plan, inspect."""
 
 from __future__ import annotations
 
@@ -47,6 +47,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from energon_pack.bench import run_bench
 
     return run_bench(args)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from energon_pack.plan.build import run_plan
+
+    return run_plan(args)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -131,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also simulate with at most N ViT patches per row (fill and vision per row, with and without)",
     )
     simulate.add_argument(
+        "--global-plan", action="store_true", help="also plan the whole stream globally (fill, plan time, plan size)"
+    )
+    simulate.add_argument(
         "--plot", type=Path, default=None, help="write a fill and vision-per-row plot PNG (needs the plot extra)"
     )
     simulate.set_defaults(func=_cmd_simulate)
@@ -140,6 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--samples", type=int, default=64)
     bench.add_argument("--out", type=Path, default=None, help="working folder (default: a cache folder)")
     bench.set_defaults(func=_cmd_bench)
+
+    plan = commands.add_parser("plan", help="pack a whole split once (header-only), for a deterministic, elastic loader")
+    plan.add_argument("dataset", type=Path, help="prepared dataset (one WebDataset folder)")
+    plan.add_argument("--config", type=Path, required=True, help="packing config YAML (seq_length, alignment, ...)")
+    plan.add_argument("--processor", default=None, help="processor path or hub id (default: the offline Qwen2.5-VL one)")
+    plan.add_argument("--out", type=Path, required=True, help="plan file to write")
+    plan.add_argument("--split", default="train")
+    plan.add_argument("--workers", type=int, default=None, help="preencode worker processes (default: config num_workers)")
+    plan.set_defaults(func=_cmd_plan)
 
     inspect = commands.add_parser("inspect", help="summarise a prepared dataset")
     inspect.add_argument("dataset", type=Path)

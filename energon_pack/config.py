@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_BUFFER_SIZE",
     "LOSS_REDUCTIONS",
     "OVERLONG_POLICIES",
+    "PACKING_MODES",
     "PIXEL_DTYPES",
     "ConfigError",
     "LoaderOptions",
@@ -44,6 +45,8 @@ __all__ = [
 _LOG = logging.getLogger(__name__)
 
 OVERLONG_POLICIES: tuple[str, ...] = ("skip", "error", "shrink")
+#: ``online``: per-worker bin selection into rows of W; ``in_batch``: one row of every k samples.
+PACKING_MODES: tuple[str, ...] = ("online", "in_batch")
 PIXEL_DTYPES: tuple[str, ...] = ("float32", "uint8")
 
 _ABSENT = object()
@@ -100,8 +103,34 @@ def _micro_batch_problem(name: str, value: Any) -> str | None:
     return (
         f"{name}={value!r}: packing emits one packed THD row per micro-batch, so the micro-batch "
         f"size must be 1; fix: set {name}=1 and raise the global batch size "
-        "(gradient accumulation) instead"
+        "(gradient accumulation) instead, or set mode: in_batch to pack every k samples into one row"
     )
+
+
+def _in_batch_micro_batch_problem(name: str, value: Any, k: int) -> str | None:
+    """In mode ``in_batch`` one row holds the trainer's micro-batch of ``k`` samples."""
+    if value == k and not isinstance(value, bool):
+        return None
+    return (
+        f"{name}={value!r}: in mode 'in_batch' each row holds one micro-batch of the config's "
+        f"micro_batch_size={k} samples; fix: set {name}={k}"
+    )
+
+
+def _in_batch_problems(row: RowLayout, micro_batch_size: int) -> Iterator[str | None]:
+    """Rules of ``mode="in_batch"`` that involve the row layout (k = micro_batch_size samples per row)."""
+    if row.fixed_width is not False:
+        yield (
+            f"fixed_width={row.fixed_width!r}: mode 'in_batch' builds one row of variable width from every "
+            "micro_batch_size samples (sum of their aligned lengths, rounded up to width_multiple); "
+            "fix: set fixed_width: false, or mode: online for fixed-width rows"
+        )
+    if row.max_segments is not None and micro_batch_size > row.max_segments:
+        yield (
+            f"micro_batch_size={micro_batch_size}: mode 'in_batch' puts micro_batch_size samples in one row, "
+            f"more than max_segments={row.max_segments}; fix: raise max_segments to at least "
+            f"{micro_batch_size} or lower micro_batch_size"
+        )
 
 
 def _global_batch_problem(name: str, value: Any, dp: int) -> str | None:
@@ -278,7 +307,8 @@ class RowLayout:
     pad_to_multiple_of: explicit per-segment alignment (a multiple of ``topology.pad_multiple``);
         None uses ``topology.pad_multiple``.
     width_multiple: kernel constraint on the row width (e.g. 128 for a HybridEP combine chunk).
-    fixed_width: every row is exactly ``seq_length`` wide (tail padded).
+    fixed_width: every row is exactly ``seq_length`` wide (tail padded); False: a row is as wide as
+        the sum of its samples' aligned lengths, rounded up to ``width_multiple`` (no tail gap).
     pad_cu_seqlens: cu_seqlens tensors have fixed length ``max_segments + 1`` (CUDA graphs).
     max_segments: most segments (samples) per row; None = unbounded.
     pixel_dtype: dtype of the emitted pixel tensors: "uint8" (default: resized, patchified pixels,
@@ -402,6 +432,12 @@ class PackingPolicy:
         pixel budget, then its videos' frame count, lowered to the largest setting that fits;
         skipped when even the processor's minimum does not fit, or when it has more media than
         ``max_row_media``).
+    mode: "online" packs rows of W per worker (bin selection with pending groups); "in_batch" packs
+        every ``micro_batch_size`` consecutive samples into one variable-width row (needs
+        ``fixed_width=False``; ``seq_length`` and the vision limits cap each sample). A pack plan
+        (``get_packing_loader(plan=...)``) replaces online selection under the same budgets.
+    micro_batch_size: samples per micro-batch: 1 in mode "online" (one packed row per micro-batch);
+        k >= 2 in mode "in_batch" (one row of k samples per micro-batch).
     """
 
     buffer_size: int | None = None
@@ -411,6 +447,8 @@ class PackingPolicy:
     max_row_vision_patches: int | None = None
     max_row_media: int | None = None
     on_overlong: Literal["skip", "error", "shrink"] = "skip"
+    mode: Literal["online", "in_batch"] = "online"
+    micro_batch_size: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
@@ -446,6 +484,19 @@ class PackingPolicy:
         yield _int_problem("max_row_vision_patches", self.max_row_vision_patches, minimum=1, optional=True)
         yield _int_problem("max_row_media", self.max_row_media, minimum=1, optional=True)
         yield _choice_problem("on_overlong", self.on_overlong, OVERLONG_POLICIES)
+        yield _choice_problem("mode", self.mode, PACKING_MODES)
+        if self.mode == "in_batch":
+            problem = _int_problem("micro_batch_size", self.micro_batch_size, minimum=2)
+            yield problem and problem.replace("must be", "in mode 'in_batch' (k samples per row) must be")
+            for name in ("max_row_vision_patches", "max_row_media"):
+                if getattr(self, name) is not None:
+                    yield (
+                        f"{name}={getattr(self, name)}: mode 'in_batch' puts every micro_batch_size consecutive "
+                        f"samples in one row whatever their media, so it cannot keep a per-row limit; fix: remove "
+                        f"{name}, or use mode: online (or a pack plan) to pack within it"
+                    )
+        else:
+            yield _micro_batch_problem("micro_batch_size", self.micro_batch_size)
 
 
 def _switched_buffer_unit(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -516,11 +567,10 @@ class TrainerSettings:
     """The trainer's settings as a config file declares them; packing never reads them.
 
     They are checked, on ``PackingConfig`` construction, by the trainer-side rules of
-    ``check_training_compat`` (micro-batch size 1, ``global_batch_size`` vs ``topology.dp``,
-    no MTP, CUDA graphs need fixed shapes).
+    ``check_training_compat`` (``global_batch_size`` vs ``topology.dp``, no MTP, CUDA graphs
+    need fixed shapes). The micro-batch size is a packing setting (``PackingPolicy``).
     """
 
-    micro_batch_size: int = 1
     global_batch_size: int | None = None
     mtp_num_layers: int = 0
     cuda_graphs: bool = False
@@ -587,9 +637,11 @@ class PackingConfig:
                 part = None
             object.__setattr__(self, name, part)
         problems += filter(None, [_buffer_tokens_problem(self.row, self.policy)])
+        if self.row is not None and self.policy is not None and self.policy.mode == "in_batch":
+            problems += filter(None, _in_batch_problems(self.row, self.policy.micro_batch_size))
         problems += filter(None, _trainer_problems(
             self.row,
-            micro_batch_size=self.trainer.micro_batch_size,
+            micro_batch_size=None,
             global_batch_size=self.trainer.global_batch_size,
             data_parallel_size=None,
             mtp_num_layers=self.trainer.mtp_num_layers,
@@ -749,17 +801,25 @@ def _trainer_problems(
     mtp_num_layers: Any,
     cuda_graphs: Any,
     pipeline_model_parallel_size: Any = 1,
+    in_batch: int = 0,
 ) -> Iterator[str | None]:
     """The trainer-side rules for packed rows: one line per violated rule (None for rules that hold).
 
-    ``data_parallel_size`` None means ``row.topology.dp``. Rules that need the row layout are
+    ``micro_batch_size`` None skips its rule (a config's own, checked by ``PackingPolicy``);
+    ``in_batch`` is k in mode "in_batch" (the trainer's micro-batch is then k samples in one
+    row), else 0. ``data_parallel_size`` None means ``row.topology.dp``. Rules that need the row layout are
     skipped when ``row`` is None (an invalid layout, reported on its own).
     """
     topology = None if row is None else row.topology
     dp = topology.dp if data_parallel_size is None and topology is not None else data_parallel_size
     dp_problem = None if dp is None else _int_problem("data_parallel_size", dp, minimum=1)
     yield dp_problem
-    yield _micro_batch_problem("micro_batch_size", micro_batch_size)
+    if micro_batch_size is not None:
+        yield (
+            _in_batch_micro_batch_problem("micro_batch_size", micro_batch_size, in_batch)
+            if in_batch
+            else _micro_batch_problem("micro_batch_size", micro_batch_size)
+        )
     if dp is not None and not dp_problem:
         yield _global_batch_problem("global_batch_size", global_batch_size, dp)
     yield _pipeline_problem("pipeline_model_parallel_size", pipeline_model_parallel_size)
@@ -833,6 +893,7 @@ def check_training_compat(
             pipeline_model_parallel_size=pipeline_model_parallel_size,
             mtp_num_layers=mtp_num_layers,
             cuda_graphs=cuda_graphs,
+            in_batch=config.micro_batch_size if config.mode == "in_batch" else 0,
         ),
         *_per_token_loss_problems(
             config.row,

@@ -28,8 +28,9 @@ from megatron.energon import (
 from energon_pack.config import PackingConfig, check_resume_fingerprint
 from energon_pack.dataset_path import check_dataset_path
 from energon_pack.qwen.geometry import VisionSpec
+from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
-from energon_pack.stats import aggregate_stats, read_snapshots
+from energon_pack.stats import ROW_COUNTS, PackingStats, aggregate_stats, read_snapshots
 from energon_pack.task_encoder import QwenVLPackingTaskEncoder
 
 
@@ -41,6 +42,8 @@ class PackingLoaderState:
     fingerprint: dict[str, Any]
     #: Latest statistics snapshot per worker at the save point (so ``stats()`` stays complete).
     worker_stats: dict[int, dict[str, Any]]
+    #: Sum of the per-row counters of in-batch rows consumed so far (``PackingStats.snapshot()``).
+    row_stats: dict[str, Any] | None = None
 
 
 def processor_fingerprint(processor: Any) -> dict[str, Any]:
@@ -55,18 +58,20 @@ def processor_fingerprint(processor: Any) -> dict[str, Any]:
     }
 
 
+def encoder_fingerprint(encoder: QwenVLPackingTaskEncoder) -> dict[str, Any]:
+    """Identity of what turns a sample into tokens and pixels: processor, vision limits, rope."""
+    return {
+        **processor_fingerprint(encoder.processor),
+        **{f"vision.{name}": value for name, value in vars(encoder.vision).items()},
+        "rope": repr(encoder.rope_spec),
+    }
+
+
 def resume_fingerprint(
-    config: PackingConfig, processor: Any, vision: VisionSpec, rope: RopeSpec, world_size: int, split: str
+    config: PackingConfig, encoder: QwenVLPackingTaskEncoder, world_size: int, split: str
 ) -> dict[str, Any]:
     """Everything exact resume depends on, as one flat JSON-able dict."""
-    return {
-        **config.fingerprint(),
-        **processor_fingerprint(processor),
-        **{f"vision.{name}": value for name, value in vars(vision).items()},
-        "rope": repr(rope),
-        "world_size": world_size,
-        "split": split,
-    }
+    return {**config.fingerprint(), **encoder_fingerprint(encoder), "world_size": world_size, "split": split}
 
 
 @contextlib.contextmanager
@@ -104,6 +109,8 @@ class PackingDataLoader(SavableDataLoader):
         self._stats_dir = stats_dir
         #: Latest snapshot per worker carried by a consumed row: exact at the consumer's position.
         self._worker_stats: dict[int, dict[str, Any]] = {}
+        #: Per-row counters of in-batch rows (``stats.row_counts``) summed at the consumer's position.
+        self._row_stats: PackingStats | None = None
 
     def __len__(self) -> int:
         raise TypeError(
@@ -125,8 +132,13 @@ class PackingDataLoader(SavableDataLoader):
             return
         for batch in itertools.chain([first], batches):
             snapshot = batch.get("__stats__") if isinstance(batch, dict) else None
-            if snapshot:
+            if snapshot and snapshot.get("kind") == ROW_COUNTS:
+                self._row_stats = self._row_stats or PackingStats()
+                self._row_stats.add_row_counts(snapshot)
+            elif snapshot:
                 self._worker_stats[snapshot["worker_id"]] = snapshot
+            if batch.get("__empty__"):
+                continue  # a batch whose samples were all skipped: counted, no row
             yield batch
 
     def stats(self) -> dict[str, Any]:
@@ -136,6 +148,8 @@ class PackingDataLoader(SavableDataLoader):
         little ahead of the consumer while workers prefetch) override those seen in rows.
         """
         snapshots = list({**self._worker_stats, **read_snapshots(self._stats_dir.name)}.values())
+        if self._row_stats is not None:
+            snapshots.append(self._row_stats.snapshot())
         report = aggregate_stats(snapshots)
         report["worker_peak_rss_bytes"] = max((s.get("peak_rss_bytes", 0) for s in snapshots), default=0)
         report["buffered_samples"] = sum(s.get("buffered_samples", 0) for s in snapshots)
@@ -147,6 +161,7 @@ class PackingDataLoader(SavableDataLoader):
             energon_state=super().save_state_rank(),
             fingerprint=dict(self.fingerprint),
             worker_stats={worker: dict(snapshot) for worker, snapshot in self._worker_stats.items()},
+            row_stats=None if self._row_stats is None else self._row_stats.snapshot(),
         )
 
     def restore_state_rank(self, state: PackingLoaderState | None) -> None:
@@ -160,6 +175,10 @@ class PackingDataLoader(SavableDataLoader):
         check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
         super().restore_state_rank(state.energon_state)
         self._worker_stats = {worker: dict(snapshot) for worker, snapshot in state.worker_stats.items()}
+        self._row_stats = None
+        if state.row_stats is not None:
+            self._row_stats = PackingStats()
+            self._row_stats.restore_state(state.row_stats)
 
 
 def _distributed_rank_info(
@@ -193,8 +212,9 @@ def get_packing_loader(
     world_size: int | None = None,
     data_parallel_group: Any = None,
     rope_spec: RopeSpec | None = None,
+    plan: Any = None,
     **loader_kwargs: Any,
-) -> PackingDataLoader:
+) -> PackingDataLoader | PlanDataLoader:
     """Build the packing loader of one data-parallel rank.
 
     Rank, world size and group come from ``torch.distributed`` when it is initialized, else
@@ -202,10 +222,19 @@ def get_packing_loader(
     ``config.loader.repeat`` says; other splits are read once (a validation "batch" is one packed
     row, not one conversation). Other keyword arguments (``checkpoint_every_sec``,
     ``checkpoint_every_min_n_samples``, ...) go to Energon's ``SavableDataLoader``.
+
+    ``plan`` (a ``PackPlan`` or the path of one written by ``energon-pack plan``): rows come
+    from the plan instead of online selection; the result is a ``PlanDataLoader`` whose state
+    restores at any data-parallel size and worker count (see ``energon_pack.plan.loader``).
     """
     check_dataset_path(path, split=split)
     rank, world_size, group = _distributed_rank_info(rank, world_size, data_parallel_group)
     task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
+    if plan is not None:
+        return plan_data_loader(
+            path, plan, config, task_encoder, split=split, rank=rank, world_size=world_size,
+            data_parallel_group=group, **loader_kwargs,
+        )
     stats_dir = tempfile.TemporaryDirectory(prefix="energon_pack_stats_")
     task_encoder.stats_dir = stats_dir.name
     worker_config = WorkerConfig(
@@ -236,9 +265,7 @@ def get_packing_loader(
             ) from err
     else:
         dataset = get_val_dataset(path, split_part=split, worker_config=worker_config, batch_size=1, task_encoder=task_encoder)
-    fingerprint = resume_fingerprint(
-        config, task_encoder.processor, task_encoder.vision, task_encoder.rope_spec, world_size, split
-    )
+    fingerprint = resume_fingerprint(config, task_encoder, world_size, split)
     return PackingDataLoader(
         dataset,
         fingerprint=fingerprint,

@@ -62,6 +62,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     print("buffer: new samples per round (buffer_size), or kW: a round once the new samples hold k * W tokens (buffer_tokens)")
     print("vision figures: ViT input patches per row (t*h*w before the 2x2 merge); skipped: fits no row")
     print(format_table(rows))
+    if args.global_plan:
+        from energon_pack.plan.build import lengths_plan_table
+        from energon_pack.tables import format_table as format_text_table
+
+        print("global pack plan of the whole stream (energon-pack plan): rows, fill, plan time and file size")
+        plans = lengths_plan_table([s.tokens for s in samples], widths=_ints(args.widths), min_fill=defaults.min_fill)
+        print(format_text_table(plans))
     if args.plot is not None:
         plot_fill(rows, args.plot)
         print(f"plot written to {args.plot}")

@@ -15,6 +15,8 @@ from typing import Any
 from megatron.energon.savable import Savable
 
 FILL_BINS = 20  # fill histogram buckets of width 1/FILL_BINS
+#: ``kind`` of the per-row counters of :func:`row_counts` (a worker snapshot has no ``kind``).
+ROW_COUNTS = "row_counts"
 
 
 @dataclass
@@ -76,6 +78,17 @@ class PackingStats(Savable):
         bucket = min(FILL_BINS - 1, int(real_tokens / width * FILL_BINS))
         self.fill_histogram[bucket] += 1
 
+    def add_row_counts(self, counts: Mapping[str, Any]) -> None:
+        """Add what one batch of samples contributed (:func:`row_counts`): reads, skips and its row."""
+        self.samples_in += counts["samples_in"]
+        for reason, count in counts["skipped"].items():
+            self.skipped[reason] = self.skipped.get(reason, 0) + count
+        for before, after in counts["shrunk"]:
+            self.count_shrunk(before, after)
+        cost = counts["cost"]
+        if cost is not None:
+            self.count_row(cost["real_tokens"], counts["width"], cost["segments"], cost=cost)
+
     def snapshot(self) -> dict[str, Any]:
         """A plain-dict copy (picklable, safe to attach to a row)."""
         return asdict(self)
@@ -87,6 +100,34 @@ class PackingStats(Savable):
         fresh = PackingStats(worker_id=self.worker_id)
         for name, value in (asdict(fresh) if state is None else state).items():
             setattr(self, name, value)
+
+
+def row_counts(
+    *,
+    samples_in: int,
+    skipped: Mapping[str, int],
+    width: int = 0,
+    cost: Mapping[str, int] | None = None,
+    shrunk: Iterable[tuple[int, int]] = (),
+) -> dict[str, Any]:
+    """Counters one batch of samples contributes: reads, skips by reason, shrunk samples
+    ``(tokens before, after)`` and its row (``width`` slots, ``cost`` = ``PackedRow.row_cost``;
+    no row when ``cost`` is None).
+
+    Rows built from a fixed set of samples (in-batch rows, plan rows) carry these instead of a
+    worker snapshot; the loader sums them in the main process, exactly at the consumer's position.
+    Example: 4 samples, 1 corrupt image, a row of 1024 slots costing ``{"real_tokens": 900,
+    "segments": 3, ...}`` -> ``{"kind": "row_counts", "samples_in": 4, "skipped": {"corrupt_image": 1},
+    "width": 1024, "cost": {...}, "shrunk": []}``.
+    """
+    return {
+        "kind": ROW_COUNTS,
+        "samples_in": samples_in,
+        "skipped": dict(skipped),
+        "width": width,
+        "cost": None if cost is None else dict(cost),
+        "shrunk": [list(pair) for pair in shrunk],
+    }
 
 
 def fill(real_tokens: int, row_slots: int) -> float:

@@ -8,7 +8,10 @@ bin) -> ``pack_selected_samples`` (segments of one row) -> ``batch`` (the THD di
 
 from __future__ import annotations
 
+import logging
 import os
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,7 +24,7 @@ from megatron.energon.wrappers.batch_dataset import BatchDataset
 from energon_pack.alignment import aligned_length
 from energon_pack.config import PackingConfig
 from energon_pack.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
-from energon_pack.errors import BadSampleError
+from energon_pack.errors import BadSampleError, row_budget, sample_misfit
 from energon_pack.packing.wrapper import PendingGroupPackingDataset
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
@@ -37,8 +40,11 @@ from energon_pack.qwen.template import (
     tokenize_conversation,
 )
 from energon_pack.samples import QwenVLChatSample
+from energon_pack.stats import row_counts
 from energon_pack.thd import build_layout_row, collate_rows
 from energon_pack.visual import VisualInputs
+
+_LOG = logging.getLogger(__name__)
 
 # Forked Energon workers must not share the tokenizer's Rust thread pool.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -87,6 +93,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         self.markers = ChatMarkers.from_tokenizer(self.processor.tokenizer)
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
         self.uint8_pixels = config.row.pixel_dtype == "uint8"
+        #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.
+        self.budget = row_budget(config.row, config.policy)
         #: Folder where the packing stage publishes per-worker statistics (set by get_packing_loader).
         self.stats_dir: str | None = None
 
@@ -236,6 +244,49 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         """One THD row (docs/batch_contract.md) from a micro-batch of exactly one packed row."""
         return collate_rows([self._thd_row(row) for row in rows])
 
+    @stateless
+    def encode_row(self, samples: Sequence[PreparedSample]) -> dict:
+        """One THD row from a fixed set of prepared samples (an in-batch micro-batch, a plan row).
+
+        Same path as online rows: ``postencode_sample`` each, ``pack_selected_samples``, ``batch``.
+        Bad samples (skip markers, samples that alone exceed the row budget, media that fail to
+        decode) are left out and counted; ``__stats__`` holds the counters of this batch, shrunk
+        samples and the row cost included (``stats.row_counts``). When no sample is
+        left the result is an empty marker ``{"__empty__": True, "__stats__": ...}``, which the
+        loaders count and drop.
+        """
+        skipped: Counter[str] = Counter()
+        encoded = []
+        for sample in samples:
+            try:
+                encoded.append(self._postencode_member(sample))
+            except BadSampleError as err:
+                skipped[err.reason] += 1
+                _LOG.warning("energon_pack: skipping sample %r: %s", sample.__key__, err)
+        if not encoded:
+            return {"__empty__": True, "__stats__": row_counts(samples_in=len(samples), skipped=skipped)}
+        packed = self.pack_selected_samples(encoded)
+        row = self.batch([packed])
+        row["__stats__"] = row_counts(
+            samples_in=len(samples),
+            skipped=skipped,
+            width=row["total_tokens"],
+            cost=packed.row_cost,
+            shrunk=[(s.tokens_before_shrink, s.num_tokens) for s in samples if s.tokens_before_shrink is not None],
+        )
+        row["__restore_key__"] = ()
+        return row
+
+    def _postencode_member(self, sample: PreparedSample) -> EncodedSample:
+        """``postencode_sample``, raising ``BadSampleError`` for skip markers and misfits too."""
+        if sample.skip_reason is not None:
+            reason, _, detail = sample.skip_reason.partition(": ")
+            raise BadSampleError(reason, detail)
+        misfit = sample_misfit(sample, self.budget, self.config.row, self.config.policy)
+        if misfit is not None:
+            raise misfit
+        return self.postencode_sample(sample)
+
     def _thd_row(self, row: PackedRow) -> dict:
         out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id)
         out["__stats__"] = row.stats
@@ -252,12 +303,25 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         packing_buffer_size: int | None = None,
         worker_config: WorkerConfig,
     ) -> SavableDataset[dict]:
-        """Install the pending-group packing stage, then batch one row per micro-batch."""
+        """Install the pending-group packing stage, then batch one row per micro-batch.
+
+        In mode ``in_batch`` Energon batches ``micro_batch_size`` prepared samples instead and the
+        batcher (``encode_row``) builds one variable-width row of each batch.
+        """
         if batch_size != 1 or packing_buffer_size is not None:
             raise ValueError(
                 f"batch_size={batch_size}, packing_buffer_size={packing_buffer_size}: packed rows need "
                 "micro-batch size 1 and no Energon packing buffer (PackingConfig.buffer_size replaces it); "
                 "build the loader with get_packing_loader"
+            )
+        if self.config.mode == "in_batch":
+            return BatchDataset(
+                dataset,
+                batch_size=self.config.micro_batch_size,
+                batcher=self.encode_row,
+                batcher_stateless=True,
+                drop_last=False,
+                worker_config=worker_config,
             )
         packed = PendingGroupPackingDataset(
             dataset,

@@ -8,6 +8,7 @@ the fixed-width tail, so ``cu_seqlens_q_padded[-1] == W``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,22 @@ from energon_pack.alignment import aligned_length
 from energon_pack.qwen.template import IGNORE_INDEX
 from energon_pack.visual import VisualInputs
 
-__all__ = ["build_layout_row", "build_thd_row", "collate_rows"]
+__all__ = ["build_layout_row", "build_thd_row", "collate_rows", "row_width"]
+
+
+def row_width(lengths: Sequence[int], layout: RowLayout) -> int:
+    """Width of a row holding segments of ``lengths`` real tokens under ``layout``.
+
+    Fixed-width rows are ``seq_length`` wide (the last segment absorbs the tail); with
+    ``fixed_width=False`` a row is the sum of the aligned lengths rounded up to
+    ``lcm(width_multiple, pad_multiple)``, so no tail beyond that rounding.
+    Example: lengths [5, 4], pad_multiple 4, width_multiple 8, seq_length 32 -> 16 (8 + 4 = 12,
+    rounded up to 16); with ``fixed_width=True`` -> 32.
+    """
+    if layout.fixed_width:
+        return layout.seq_length
+    multiple = math.lcm(layout.pad_multiple, layout.width_multiple or 1)
+    return aligned_length(sum(aligned_length(n, layout.pad_multiple) for n in lengths), multiple)
 
 
 def build_thd_row(
@@ -135,10 +151,11 @@ def build_thd_row(
 
 
 def build_layout_row(segments: Sequence[PackedSegment], layout: RowLayout, *, pad_token_id: int) -> dict[str, Any]:
-    """:func:`build_thd_row` with the width, alignment, cu_seqlens padding and loss reduction of ``layout``."""
+    """:func:`build_thd_row` with the width (:func:`row_width`), alignment, cu_seqlens padding and loss
+    reduction of ``layout``."""
     return build_thd_row(
         segments,
-        seq_length=layout.seq_length,
+        seq_length=row_width([segment.length for segment in segments], layout),
         pad_multiple=layout.pad_multiple,
         pad_token_id=pad_token_id,
         pad_cu_seqlens=layout.pad_cu_seqlens,

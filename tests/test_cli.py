@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -64,3 +65,35 @@ def test_inspect_and_simulate_on_a_dataset(synthetic_dataset, capsys):
     assert int(values["tokens: max"]) > 0
     assert main(["simulate", "--dataset", str(synthetic_dataset.out_dir), "--widths", "4096", "--buffers", "8"]) == 0
     assert f"({synthetic_dataset.written} samples)" in capsys.readouterr().out
+
+
+def test_simulate_global_plan_reports_fill_time_and_size(capsys):
+    assert main(["simulate", "--samples", "800", "--widths", "8192", "--buffers", "16", "--global-plan"]) == 0
+    out = capsys.readouterr().out
+    header, _, values = out.strip().splitlines()[-3:]
+    assert header.split() == ["W", "samples", "rows", "fill", "plan_s", "file_kib", "load_s"]
+    width, samples, rows, fill, *_ = values.split()
+    assert (width, samples) == ("8192", "800") and int(rows) > 0
+    online = float(out.strip().splitlines()[-5].split()[2].rstrip("%")) / 100
+    assert float(fill) >= online
+
+
+@pytest.mark.slow
+def test_plan_command_writes_a_plan_the_loader_reads(tmp_path, capsys, synthetic_dataset, processor):
+    from energon_pack.config import PackingConfig
+    from energon_pack.loader import get_packing_loader
+    from energon_pack.plan.file import PackPlan
+
+    config = PackingConfig(seq_length=2048, num_workers=2, repeat=False)
+    config.to_yaml(tmp_path / "packing.yaml")
+    out = tmp_path / "train.plan"
+    dataset = str(synthetic_dataset.out_dir)
+    assert main(["plan", dataset, "--config", str(tmp_path / "packing.yaml"), "--out", str(out)]) == 0
+    values = table_values(capsys.readouterr().out)
+    plan = PackPlan.load(out)
+    assert int(values["samples read"]) == synthetic_dataset.written == plan.samples_in
+    assert int(values["rows (W=2048)"]) == plan.num_rows > 0
+    assert float(values["fill (real tokens / row slots)"]) > 0.5
+    assert float(values["plan file (KiB)"]) > 0
+    rows = list(get_packing_loader(dataset, dataclasses.replace(config, num_workers=0), processor, plan=out))
+    assert len(rows) == plan.num_rows

@@ -66,6 +66,13 @@ INVALID_CONFIGS: list[tuple[dict[str, Any], str]] = [
     ({"seq_length": 8192, "max_samples_per_sequence": 0}, "max_samples_per_sequence"),
     ({"seq_length": 8192, "seed": -1}, "seed"),
     ({"seq_length": 8192, "micro_batch_size": 2}, "micro_batch_size"),
+    ({"seq_length": 8192, "mode": "offline"}, "mode"),
+    ({"seq_length": 8192, "mode": "in_batch", "micro_batch_size": 1, "fixed_width": False}, "micro_batch_size"),
+    ({"seq_length": 8192, "mode": "in_batch", "micro_batch_size": 4}, "fixed_width"),
+    ({"seq_length": 8192, "mode": "in_batch", "micro_batch_size": 4, "fixed_width": False, "max_segments": 2},
+     "max_segments"),
+    ({"seq_length": 8192, "mode": "in_batch", "micro_batch_size": 4, "fixed_width": False,
+      "max_row_vision_patches": 1000}, "max_row_vision_patches"),
     ({"seq_length": 8192, "global_batch_size": 6, "topology": ParallelTopology(dp=4)}, "global_batch_size"),
     ({"seq_length": 8192, "global_batch_size": 0}, "global_batch_size"),
     ({"seq_length": 8192, "mtp_num_layers": 1}, "mtp_num_layers"),
@@ -106,6 +113,13 @@ def test_error_gives_nearest_valid_seq_length() -> None:
         PackingConfig(seq_length=8190, topology=TP4_SP)
     with pytest.raises(ValueError, match=r"seq_length to a multiple of 384, e\.g\. 8448"):
         PackingConfig(seq_length=8196, width_multiple=384, topology=TP4_SP)
+
+
+def test_in_batch_mode_takes_k_samples_per_variable_width_row() -> None:
+    config = PackingConfig(seq_length=8192, mode="in_batch", micro_batch_size=4, fixed_width=False, max_segments=4)
+    assert config.micro_batch_size == 4 and config.fingerprint()["mode"] == "in_batch"
+    with pytest.raises(ValueError, match="or set mode: in_batch"):
+        PackingConfig(seq_length=8192, micro_batch_size=4)
 
 
 def test_all_violations_are_listed_together() -> None:
@@ -303,7 +317,7 @@ FINGERPRINT_KEYS = {
     "seq_length", "pad_multiple", "width_multiple", "buffer_size", "max_wait_rounds", "min_fill",
     "max_segments", "pad_cu_seqlens", "fixed_width", "num_workers", "shuffle_buffer_size",
     "max_samples_per_sequence", "seed", "pixel_dtype", "loss_reduction", "on_overlong", "repeat",
-    "max_row_vision_patches", "max_row_media",
+    "max_row_vision_patches", "max_row_media", "mode", "micro_batch_size",
 }
 
 

@@ -312,6 +312,32 @@ def test_oracle_sees_wrong_vision_positions(multimodal, model):
             assert error <= ATOL, case.key
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["online", "in_batch"])
+def test_variable_width_rows_equal_unpacked_logits(multimodal, model, small_processor, mode):
+    """``fixed_width=False`` rows (online / planned) and in-batch rows: as wide as their aligned
+    samples rounded up to ``width_multiple``, same tokens, labels, loss and logits as the
+    fixed-width row, which in turn equal each sample run alone."""
+    packed, unpacked = multimodal
+    k = len(packed.prepared)
+    config = PackingConfig(
+        seq_length=MULTIMODAL_WIDTH, pad_to_multiple_of=8, fixed_width=False, width_multiple=16, mode=mode,
+        micro_batch_size=k if mode == "in_batch" else 1,
+    )
+    encoder = QwenVLPackingTaskEncoder(config, small_processor)
+    row = encoder.encode_row(packed.prepared) if mode == "in_batch" else _row(encoder, packed.prepared)
+    width = row["input_ids"].shape[1]
+    cu_real, cu_padded = packed.row["cu_seqlens_q"].tolist(), packed.row["cu_seqlens_q_padded"].tolist()
+    used = cu_padded[-2] + -(-(cu_real[-1] - cu_real[-2]) // 8) * 8  # aligned slots of all segments
+    assert width == -(-used // 16) * 16 < MULTIMODAL_WIDTH and row["total_tokens"] == width
+    for key in ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask"):
+        assert torch.equal(row[key], packed.row[key][..., :width]), key
+    assert torch.equal(row["cu_seqlens_q"], packed.row["cu_seqlens_q"])
+    segments = _split(_packed_logits(model, row), row)
+    for case, got, expected in zip(MULTIMODAL_CASES, segments, unpacked):
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0, msg=lambda m, k=case.key: f"{k}: {m}")
+
+
 @pytest.mark.parametrize(("seq_length", "pad_to_multiple_of"), [(160, 16), (112, 4)])
 def test_text_rows_with_gaps_equal_unpacked_logits(small_processor, model, seq_length, pad_to_multiple_of):
     """Text-only rows of three segments with alignment gaps and a tail; a plain causal mask must fail."""

@@ -32,8 +32,9 @@ SPEC = SyntheticSpec(max_image_side=768, max_video_seconds=2.0, max_video_side=6
 PHASE_TIMEOUT_S = 300
 
 
-def _torchrun(dataset: Path, out: Path, phase: str) -> None:
-    env = {
+def torchrun_env() -> dict[str, str]:
+    """Environment for torchrun ranks: offline, one thread each, this checkout first on the path."""
+    return {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -41,6 +42,10 @@ def _torchrun(dataset: Path, out: Path, phase: str) -> None:
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
+
+
+def _torchrun(dataset: Path, out: Path, phase: str) -> None:
+    env = torchrun_env()
     command = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD_SIZE}", "--standalone",
         str(WORKER), "--dataset", str(dataset), "--out", str(out), "--phase", phase, "--save-after", str(SAVE_AFTER),

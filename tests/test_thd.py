@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,7 +13,8 @@ from hypothesis import strategies as st
 from energon_pack.encoded import PackedSegment
 from energon_pack.alignment import aligned_length
 from energon_pack.qwen.template import IGNORE_INDEX
-from energon_pack.thd import build_thd_row, collate_rows
+from energon_pack.config import RowLayout
+from energon_pack.thd import build_layout_row, build_thd_row, collate_rows, row_width
 from energon_pack.visual import VisualInputs
 
 PAD = 151643
@@ -178,16 +182,13 @@ def row_specs(draw):
     return lengths, multiple, width
 
 
-@settings(max_examples=150, deadline=None)
-@given(row_specs())
-def test_row_invariants(spec):
-    lengths, multiple, width = spec
-    segments = [make_segment(f"s{i}", n, first_id=1000 * (i + 1)) for i, n in enumerate(lengths)]
-    row = build_thd_row(segments, seq_length=width, pad_multiple=multiple, pad_token_id=PAD)
-
+def assert_row_contract(row, segments, lengths, multiple, width):
+    """The batch contract of one THD row (docs/batch_contract.md): cu_seqlens, gaps, padding mask,
+    labels / loss at segment ends, positions and mrope inside the row."""
     cu = row["cu_seqlens_q"].tolist()
     cu_pad = row["cu_seqlens_q_padded"].tolist()
     physical = [b - a for a, b in zip(cu_pad, cu_pad[1:])]
+    assert row["input_ids"].shape == (1, width) and row["total_tokens"] == width
     assert [b - a for a, b in zip(cu, cu[1:])] == lengths
     assert cu_pad[0] == 0 and cu_pad[-1] == width
     assert all(p % multiple == 0 for p in physical)
@@ -199,6 +200,7 @@ def test_row_invariants(spec):
         real[start : start + n] = True
         assert torch.equal(row["input_ids"][0, start : start + n], seg.input_ids)
         assert row["position_ids"][0, start : start + n].tolist() == list(range(n))
+        assert torch.equal(row["mrope_position_ids"][:, 0, start : start + n], seg.mrope_position_ids)
         assert row["labels"][0, start + n - 1] == IGNORE_INDEX
         assert row["loss_mask"][0, start + n - 1] == 0
     assert torch.equal(row["padding_mask"][0], ~real)
@@ -210,6 +212,43 @@ def test_row_invariants(spec):
     assert row["loss_tokens"].tolist() == [n - 1 for n in lengths]
     assert int(row["position_ids"].max()) < width and int(row["mrope_position_ids"].max()) < width
     assert torch.equal(row["position_ids"][0, torch.tensor(cu_pad[:-1])], torch.zeros(len(lengths), dtype=torch.int64))
+
+
+@settings(max_examples=150, deadline=None)
+@given(row_specs())
+def test_row_invariants(spec):
+    lengths, multiple, width = spec
+    segments = [make_segment(f"s{i}", n, first_id=1000 * (i + 1)) for i, n in enumerate(lengths)]
+    row = build_thd_row(segments, seq_length=width, pad_multiple=multiple, pad_token_id=PAD)
+    assert_row_contract(row, segments, lengths, multiple, width)
+
+
+@settings(max_examples=150, deadline=None)
+@given(row_specs(), st.sampled_from([None, 1, 8, 24, 64]))
+def test_variable_width_rows_keep_the_contract_and_have_no_tail(spec, width_multiple):
+    """``fixed_width=False``: the row is the sum of aligned lengths rounded up to
+    lcm(width_multiple, multiple), and meets the same contract as a fixed-width row."""
+    lengths, multiple, seq_length = spec
+    both = math.lcm(multiple, width_multiple or 1)
+    seq_length = aligned_length(seq_length, both)  # the config requires seq_length % width_multiple == 0
+    layout = RowLayout(seq_length=seq_length, pad_to_multiple_of=multiple, width_multiple=width_multiple, fixed_width=False)
+    segments = [make_segment(f"s{i}", n, first_id=1000 * (i + 1)) for i, n in enumerate(lengths)]
+    row = build_layout_row(segments, layout, pad_token_id=PAD)
+    used = sum(aligned_length(n, multiple) for n in lengths)
+    width = aligned_length(used, both)
+    assert row_width(lengths, layout) == width and width - used < both
+    assert_row_contract(row, segments, lengths, multiple, width)
+    fixed = build_layout_row(segments, dataclasses.replace(layout, fixed_width=True), pad_token_id=PAD)
+    assert fixed["total_tokens"] == seq_length
+    for key in ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask"):
+        assert torch.equal(fixed[key][..., :width], row[key]), key
+
+
+def test_row_width_golden():
+    layout = RowLayout(seq_length=32, pad_to_multiple_of=4, width_multiple=8, fixed_width=False)
+    assert row_width([5, 4], layout) == 16
+    assert row_width([5, 4], dataclasses.replace(layout, fixed_width=True)) == 32
+    assert row_width([8, 8], layout) == 16
 
 
 @settings(max_examples=50, deadline=None)

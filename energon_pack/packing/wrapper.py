@@ -41,10 +41,11 @@ from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
 from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
-from energon_pack.errors import BadSampleError
 from energon_pack.alignment import aligned_length
-from energon_pack.packing.algorithms import PackItem, RoundSize, RowBudget, select_bins
+from energon_pack.errors import BadSampleError, row_budget, sample_misfit
+from energon_pack.packing.algorithms import PackItem, RoundSize, select_bins
 from energon_pack.stats import PackingStats, publish_snapshot, worker_telemetry
+from energon_pack.thd import row_width
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +89,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         #: Buffer size, wait bound, min fill, vision budgets and overlong policy of the bin selection.
         self.policy = policy
         #: What one row may hold: width, segments, vision patches, media.
-        self.budget = RowBudget(
-            tokens=row.seq_length,
-            segments=row.max_segments,
-            vision_patches=policy.max_row_vision_patches,
-            media=policy.max_row_media,
-        )
+        self.budget = row_budget(row, policy)
         #: When a round runs: after buffer_size new samples or buffer_tokens new aligned tokens.
         self._round_size = RoundSize(samples=policy.buffer_size, tokens=policy.buffer_tokens)
         self.postencode = postencode
@@ -184,12 +180,9 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         if sample.skip_reason is not None:
             self._skip(sample, sample.skip_reason)
             return
-        misfit = self._misfit(sample)
+        misfit = sample_misfit(sample, self.budget, self.row, self.policy)
         if misfit is not None:
-            reason, detail, fix = misfit
-            if self.policy.on_overlong == "error":
-                raise ValueError(f"{detail}; rule: every sample must fit one row; fix: {fix}")
-            self._skip(sample, f"{reason}: {detail}")
+            self._skip(sample, str(misfit))
             return
         if sample.tokens_before_shrink is not None:
             self._stats.count_shrunk(sample.tokens_before_shrink, sample.num_tokens)
@@ -199,30 +192,6 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                 sample.video_max_frames,
             )
         self._reading_buffer.append(sample)
-
-    def _misfit(self, sample: PreparedSample) -> tuple[str, str, str] | None:
-        """(skip reason, detail, fix) when ``sample`` alone exceeds a row's width or a vision
-        budget, else None."""
-        key = sample.__key__
-        slots = self._slots(sample)
-        if slots > self.budget.tokens:
-            return (
-                "overlong",
-                f"sample {key!r} has {sample.num_tokens} tokens ({slots} slots aligned to "
-                f"{self.row.pad_multiple}) but seq_length is {self.budget.tokens}",
-                "raise seq_length, lower the processor's max_pixels / max_frames, or set on_overlong='skip' "
-                "(or 'shrink': lower them for that sample only)",
-            )
-        shrink = " (or 'shrink': lower the sample's pixels and frames until it fits)"
-        for reason, value, limit, name, what, fix in (
-            ("over_vision_budget", sample.vision_patches, self.budget.vision_patches, "max_row_vision_patches",
-             "vision patches", f"raise max_row_vision_patches, or set on_overlong='skip'{shrink}"),
-            ("over_media_budget", sample.num_media, self.budget.media, "max_row_media",
-             "images + videos", "raise max_row_media, or set on_overlong='skip'"),
-        ):
-            if limit is not None and value > limit:
-                return reason, f"sample {key!r} has {value} {what} but {name} is {limit}", fix
-        return None
 
     def _skip(self, sample: Any, reason: str) -> None:
         self._stats.count_skip(reason.split(":", 1)[0])
@@ -314,9 +283,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             with self._pack_index.ctx() as pack_index:
                 row = self.pack(encoded)
             cost = row.row_cost
-            self._stats.count_row(
-                cost["real_tokens"], self.row.seq_length, len(encoded), flush=self._source_exhausted, cost=cost
-            )
+            width = row_width([e.segment.length for e in encoded], self.row)
+            self._stats.count_row(cost["real_tokens"], width, len(encoded), flush=self._source_exhausted, cost=cost)
             row.stats = self._telemetry_snapshot()
             self._publish_stats(row.stats)
             yield set_sample_restore_key(row, pack_index, *member_keys, src=self)

@@ -1,0 +1,331 @@
+"""``energon-pack plan``: measure every sample of a split from its headers, then pack it globally.
+
+1. **Measure** (:func:`measure_split`): an Energon validation loader (worker processes, one
+   pass, no shuffling) runs the task encoder's ``preencode_sample`` on every sample (tokens
+   and media geometry from headers, no pixel decode) and sends back only
+   ``(Energon sample index, tokens, skip reason)``.
+2. **Plan** (:func:`plan_measurement`): bad samples and samples that fit no row are counted
+   by reason (or raise, with ``on_overlong="error"``), the rest packed by
+   :func:`energon_pack.packing.global_plan.plan_rows` under the online budgets (``seq_length``
+   slots after alignment, ``max_segments``, ``max_row_vision_patches``, ``max_row_media``).
+3. **Fingerprint**: the dataset (split, shard names, sample counts and byte sizes), the
+   encoder (processor, vision and rope identity) and the config fields that decide rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from energon_pack.config import PackingConfig
+from energon_pack.errors import sample_misfit
+from energon_pack.packing.global_plan import plan_rows
+from energon_pack.plan.file import PackPlan
+
+__all__ = [
+    "Measurement",
+    "build_plan",
+    "dataset_fingerprint",
+    "measure_split",
+    "packing_fingerprint",
+    "plan_fingerprint",
+    "plan_measurement",
+    "webdataset_index",
+]
+
+#: Marker in ``Measurement.tokens`` for a sample that was not measured (bad or excluded).
+UNMEASURED = -1
+
+
+def webdataset_index(restore_key: Sequence[Any]) -> int:
+    """The Energon sample index inside a restore key: the int after its last ``"Webdataset"``.
+
+    Example: ``("SimpleSavableDatasetWrapper", 0, 7, "MapDataset", 7, "Webdataset", 42)`` -> 42.
+    """
+    for position in range(len(restore_key) - 2, -1, -1):
+        if restore_key[position] == "Webdataset" and isinstance(restore_key[position + 1], int):
+            return restore_key[position + 1]
+    raise ValueError(
+        f"restore key {restore_key!r} names no WebDataset sample index; a pack plan reads one prepared "
+        "WebDataset split; fix: plan each dataset of a metadataset separately"
+    )
+
+
+def open_split(path: str | Path, split: str, worker_config: Any) -> Any:
+    """Energon's dataset factory of one prepared WebDataset split (no shuffling, no repeat).
+
+    A metadataset or a JSONL file raises ValueError: a plan addresses one WebDataset's samples.
+    """
+    from megatron.energon.dataset_config import get_dataset_from_config
+    from megatron.energon.epathlib import EPath
+    from megatron.energon.flavors.webdataset.metadata import EnergonDatasetType, get_dataset_type
+
+    kind = get_dataset_type(EPath(path))
+    if kind != EnergonDatasetType.WEBDATASET:
+        raise ValueError(
+            f"{path}: a pack plan reads one prepared WebDataset (a folder with .nv-meta), got a {kind.value} "
+            "dataset; fix: prepare the data with energon-pack prepare, or plan each dataset of a metadataset "
+            "separately and load them one by one"
+        )
+    return get_dataset_from_config(path, split_part=split, training=False, worker_config=worker_config)
+
+
+def dataset_fingerprint(path: str | Path, split: str) -> dict[str, Any]:
+    """Split name and shard table ``[[name, samples, bytes], ...]`` of a prepared dataset.
+
+    Example: ``{"split": "train", "shards": [["shards/data-000000.tar", 16, 1048576], ...]}``.
+    """
+    from megatron.energon import WorkerConfig
+
+    factory = open_split(path, split, WorkerConfig(rank=0, world_size=1, num_workers=0))
+    shards = [[shard.name, int(shard.count), int(shard.path.size())] for shard in factory.shards]
+    return {"split": split, "shards": shards, "excluded_samples": len(factory.sample_excludes)}
+
+
+def packing_fingerprint(config: PackingConfig) -> dict[str, Any]:
+    """The config fields that decide which rows a plan holds (not how they are read or built)."""
+    return {
+        "seq_length": config.seq_length,
+        "pad_multiple": config.pad_multiple,
+        "max_segments": config.max_segments,
+        "min_fill": config.min_fill,
+        "on_overlong": config.on_overlong,
+        "max_row_vision_patches": config.max_row_vision_patches,
+        "max_row_media": config.max_row_media,
+    }
+
+
+def plan_fingerprint(dataset: Mapping[str, Any], encoder: Mapping[str, Any], config: PackingConfig) -> dict[str, Any]:
+    """What a plan depends on: ``{"dataset": ..., "encoder": ..., "packing": ...}``."""
+    return {"dataset": dict(dataset), "encoder": dict(encoder), "packing": packing_fingerprint(config)}
+
+
+def flat_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"dataset": {"split": "train"}}`` -> ``{"dataset.split": "train"}`` (for naming mismatches)."""
+    return {f"{part}.{name}": value for part, values in fingerprint.items() for name, value in values.items()}
+
+
+# --------------------------------------------------------------------------- measure
+
+
+@dataclass
+class Measurement:
+    """Tokens, ViT input patches and media count of every Energon sample index of a split
+    (tokens ``UNMEASURED`` for samples that are skipped or excluded)."""
+
+    tokens: np.ndarray
+    vision: np.ndarray
+    media: np.ndarray
+    #: Skipped samples by reason (preencode's skip markers, samples that fit no row).
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def empty(cls, size: int) -> Measurement:
+        """Nothing measured yet for ``size`` sample indices."""
+        return cls(
+            tokens=np.full(size, UNMEASURED, dtype=np.int64),
+            vision=np.zeros(size, dtype=np.int64),
+            media=np.zeros(size, dtype=np.int64),
+        )
+
+    @property
+    def samples_in(self) -> int:
+        return int((self.tokens != UNMEASURED).sum()) + sum(self.skipped.values())
+
+
+def _length_encoder(encoder: Any) -> Any:
+    """An Energon task encoder that maps a sample to ``(index, tokens, vision patches, media, skip
+    reason)``, in batches; a sample that fits no row (``sample_misfit``) is a skip."""
+    from megatron.energon import Sample, TaskEncoder
+    from megatron.energon.edataclass import edataclass
+    from megatron.energon.task_encoder.base import stateless
+
+    @edataclass
+    class SampleSize(Sample):
+        index: int
+        tokens: int
+        vision: int
+        media: int
+        skip_reason: Optional[str] = None
+
+    class LengthEncoder(TaskEncoder):
+        decoder = None  # media stay compressed bytes: only headers are read
+
+        @stateless
+        def encode_sample(self, sample: Any) -> SampleSize:
+            prepared = encoder.preencode_sample(sample)
+            reason = prepared.skip_reason
+            if reason is None:
+                misfit = sample_misfit(prepared, encoder.budget, encoder.config.row, encoder.config.policy)
+                reason = None if misfit is None else str(misfit)
+            return SampleSize.derive_from(
+                sample,
+                index=webdataset_index(sample.__restore_key__),
+                tokens=prepared.num_tokens,
+                vision=prepared.vision_patches if reason is None else 0,
+                media=prepared.num_media if reason is None else 0,
+                skip_reason=reason,
+            )
+
+        @stateless
+        def batch(self, samples: list[SampleSize]) -> list[tuple[int, int, int, int, str | None]]:
+            return [(s.index, s.tokens, s.vision, s.media, s.skip_reason) for s in samples]
+
+    return LengthEncoder()
+
+
+def measure_split(
+    path: str | Path, encoder: Any, *, split: str = "train", num_workers: int = 2, progress: bool = True
+) -> Measurement:
+    """Preencode (headers only) every sample of ``split`` with ``num_workers`` processes."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+    from tqdm import tqdm
+
+    worker_config = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
+    total = len(open_split(path, split, worker_config))
+    dataset = get_val_dataset(
+        path, split_part=split, worker_config=worker_config, batch_size=64, task_encoder=_length_encoder(encoder)
+    )
+    measurement = Measurement.empty(total)
+    with tqdm(total=total, desc="preencode (headers)", unit="sample", disable=not progress) as bar:
+        for batch in get_loader(dataset):
+            for index, tokens, vision, media, reason in batch:
+                if reason is None:
+                    measurement.tokens[index] = tokens
+                    measurement.vision[index] = vision
+                    measurement.media[index] = media
+                else:
+                    measurement.skipped[reason.split(":", 1)[0]] += 1
+            bar.update(len(batch))
+    return measurement
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def plan_measurement(measurement: Measurement, config: PackingConfig, fingerprint: dict[str, Any]) -> PackPlan:
+    """Pack the measured samples globally within the online budgets (aligned width, segments,
+    vision patches and media per row); skipped samples stay counted by reason."""
+    kept = np.flatnonzero(measurement.tokens != UNMEASURED)
+    aligned = -(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple
+    rows = plan_rows(
+        aligned.tolist(),
+        capacity=config.seq_length,
+        min_fill=config.min_fill,
+        max_segments=config.max_segments,
+        vision=measurement.vision[kept].tolist(),
+        media=measurement.media[kept].tolist(),
+        max_vision_patches=config.max_row_vision_patches,
+        max_media=config.max_row_media,
+    )
+    return PackPlan.from_rows(
+        [kept[row].tolist() for row in rows],
+        measurement.tokens,
+        fingerprint=fingerprint,
+        samples_in=measurement.samples_in,
+        skipped=dict(sorted(measurement.skipped.items())),
+    )
+
+
+def build_plan(
+    path: str | Path,
+    config: PackingConfig,
+    processor: Any = None,
+    *,
+    split: str = "train",
+    num_workers: int | None = None,
+    rope_spec: Any = None,
+    progress: bool = True,
+) -> PackPlan:
+    """Measure ``split`` of the dataset at ``path`` and plan its rows (``config.num_workers`` by default)."""
+    from energon_pack.loader import encoder_fingerprint
+    from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+
+    encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
+    workers = config.num_workers if num_workers is None else num_workers
+    measurement = measure_split(path, encoder, split=split, num_workers=workers, progress=progress)
+    fingerprint = plan_fingerprint(dataset_fingerprint(path, split), encoder_fingerprint(encoder), config)
+    return plan_measurement(measurement, config, fingerprint)
+
+
+def plan_report(plan: PackPlan, *, seq_length: int, seconds: float, path: Path | None = None) -> list[dict[str, Any]]:
+    """Rows of the ``energon-pack plan`` report table."""
+    real = int(plan.member_tokens.sum())
+    rows: list[dict[str, Any]] = [
+        {"metric": "samples read", "value": plan.samples_in},
+        {"metric": "samples planned", "value": plan.num_samples},
+        {"metric": f"rows (W={seq_length})", "value": plan.num_rows},
+        {"metric": "fill (real tokens / row slots)", "value": f"{real / max(1, plan.num_rows * seq_length):.4f}"},
+        {"metric": "skipped (total)", "value": sum(plan.skipped.values())},
+        *({"metric": f"  skipped: {reason}", "value": count} for reason, count in plan.skipped.items()),
+        {"metric": "plan time (s)", "value": f"{seconds:.2f}"},
+    ]
+    if path is not None:
+        rows.append({"metric": "plan file (KiB)", "value": f"{path.stat().st_size / 1024:.1f}"})
+    return rows
+
+
+def run_plan(args: Any) -> int:
+    """``energon-pack plan DATASET --config packing.yaml [--processor PATH] --out PLAN``."""
+    from energon_pack.qwen.processor import load_processor
+    from energon_pack.tables import format_table
+
+    config = PackingConfig.from_yaml(args.config)
+    processor = load_processor(args.processor) if args.processor else load_processor()
+    start = time.perf_counter()
+    plan = build_plan(args.dataset, config, processor, split=args.split, num_workers=args.workers)
+    plan.save(args.out)
+    print(format_table(plan_report(plan, seq_length=config.seq_length, seconds=time.perf_counter() - start, path=args.out)))
+    print(f"plan written to {args.out} (digest {plan.digest[:16]})")
+    return 0
+
+
+
+def lengths_plan_table(
+    lengths: Sequence[int], *, widths: Sequence[int], min_fill: float, samples_per_shard: int = 1000
+) -> list[dict[str, Any]]:
+    """Plan size and time for a split of ``lengths`` (tokens per sample), one table row per W.
+
+    The lengths stand for a dataset in shards of ``samples_per_shard``; each plan is written to
+    and read back from a temporary file. Keys: ``W, samples, rows, fill, plan_s, file_kib, load_s``.
+    """
+    import tempfile
+
+    shards = [
+        [f"shards/data-{i:06d}.tar", min(samples_per_shard, len(lengths) - start), 0]
+        for i, start in enumerate(range(0, len(lengths), samples_per_shard))
+    ]
+    table = []
+    for width in widths:
+        config = PackingConfig(seq_length=width, min_fill=min_fill)
+        fingerprint = plan_fingerprint({"split": "train", "shards": shards}, {}, config)
+        measurement = Measurement.empty(len(lengths))
+        fits = np.asarray(lengths, dtype=np.int64) <= width
+        measurement.tokens[fits] = np.asarray(lengths, dtype=np.int64)[fits]
+        measurement.skipped["overlong"] = int((~fits).sum())
+        start = time.perf_counter()
+        plan = plan_measurement(measurement, config, fingerprint)
+        planned = time.perf_counter() - start
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "plan"
+            plan.save(path)
+            size = path.stat().st_size
+            start = time.perf_counter()
+            PackPlan.load(path)
+            loaded = time.perf_counter() - start
+        table.append({
+            "W": width,
+            "samples": plan.num_samples,
+            "rows": plan.num_rows,
+            "fill": float(plan.member_tokens.sum()) / (plan.num_rows * width),
+            "plan_s": planned,
+            "file_kib": size / 1024,
+            "load_s": loaded,
+        })
+    return table

@@ -1,0 +1,360 @@
+"""``PlanDataLoader``: THD rows read from a pack plan, with a state valid for any DP size and worker count.
+
+Stream: position ``p`` holds global row ``g = p - base`` of the epoch being read, i.e. plan row
+``epoch_row_order(R, seed, epoch)[g]`` (``repeat=True``: one endless stream, ``base = 0``,
+epoch ``p // R``; ``repeat=False``: one epoch per iteration, ``base = epoch * R``). Position
+``p`` goes to data-parallel rank ``(p - base) % world_size``; inside a rank, torch DataLoader
+workers take the rank's rows round-robin, and torch's in-order delivery hands them to the
+trainer in position order.
+
+Rows: members are fetched by Energon restore key (random access through the dataset's index,
+no scan), preencoded and turned into a THD row by the task encoder's ``encode_row``: the same
+postencode and row builder as online packing. A row whose members all fail to decode arrives
+as an empty marker and is dropped (counted) in the main process, so positions stay aligned.
+
+State: ``PlanLoaderState.cursor``: every position below it is consumed by some rank. With
+ranks in lock step (the same number of rows each), every rank saves the same cursor, so a
+state saved at DP=4 restores at DP=2 or 8, with any worker count, and the union of the rows
+continues exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from energon_pack.config import PackingConfig, ResumeMismatchError, check_resume_fingerprint, fingerprint_mismatches
+from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
+from energon_pack.plan.build import dataset_fingerprint, flat_fingerprint, open_split, plan_fingerprint
+from energon_pack.plan.file import PackPlan
+from energon_pack.stats import PackingStats, aggregate_stats
+
+__all__ = ["PlanDataLoader", "PlanLoaderState", "check_plan_matches", "plan_data_loader"]
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclass
+class PlanLoaderState:
+    """Picklable plan-loader state: one global cursor (any DP size, any worker count)."""
+
+    #: Plan digest, seed and row-building settings the rows depend on.
+    fingerprint: dict[str, Any]
+    #: Every stream position below ``cursor`` has been consumed.
+    cursor: int
+    #: Epoch being read (``repeat=False``; 0 with ``repeat=True``, where the cursor says it all).
+    epoch: int
+    #: This rank's row statistics at the save point (``PackingStats.snapshot()``).
+    stats: dict[str, Any]
+    #: Rank and world size that saved the state (informational).
+    rank: int
+    world_size: int
+
+
+def check_plan_matches(
+    plan: PackPlan, path: Any, split: str, encoder: Any, config: PackingConfig
+) -> None:
+    """Raise ``ResumeMismatchError`` naming every field where ``plan`` was built for something else
+    (dataset shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
+    from energon_pack.loader import encoder_fingerprint
+
+    current = flat_fingerprint(plan_fingerprint(dataset_fingerprint(path, split), encoder_fingerprint(encoder), config))
+    saved = flat_fingerprint(plan.fingerprint)
+    fields = fingerprint_mismatches(saved, current)
+    if not fields:
+        return
+    detail = "\n".join(f"  - {key}: plan {saved.get(key, '<absent>')!r}, current {current.get(key, '<absent>')!r}" for key in fields)
+    if config.allow_inexact_resume:
+        _LOG.warning("the pack plan was built for a different dataset or configuration:\n%s", detail)
+        return
+    raise ResumeMismatchError(
+        f"the pack plan (digest {plan.digest[:16]}) was built for a different dataset or configuration "
+        f"({', '.join(fields)} differ):\n{detail}\n"
+        "fix: rebuild the plan with energon-pack plan for this dataset, processor and config, or pass "
+        "allow_inexact_resume=True to read it anyway",
+        fields,
+    )
+
+
+class PlanRowSource:
+    """Builds the row at a stream position: plan row lookup, member fetch by restore key, encoding.
+
+    The Energon dataset is opened lazily in each process that builds rows (main process or
+    DataLoader worker), with a worker config matching that process.
+    """
+
+    def __init__(self, plan: PackPlan, path: Any, split: str, encoder: Any, *, seed: int) -> None:
+        self.plan = plan
+        self.path = path
+        self.split = split
+        self.encoder = encoder
+        self.seed = seed
+        self._orders: dict[int, list[int]] = {}
+        self._reader: tuple[int, Any, Any] | None = None  # (pid, worker config, dataset)
+
+    def plan_row(self, position: int) -> tuple[int, int]:
+        """``(epoch, plan row)`` at stream ``position``. Example: R=10, position 23 -> (2, order_2[3])."""
+        epoch, row = divmod(position, self.plan.num_rows)
+        if epoch not in self._orders:
+            self._orders = {epoch: epoch_row_order(self.plan.num_rows, seed=self.seed, epoch=epoch)}
+        return epoch, self._orders[epoch][row]
+
+    def fetch(self, index: int) -> Any:
+        """The raw Energon sample at global index ``index`` (restore key ``("Webdataset", index)``)."""
+        worker_config, dataset = self._open()
+        worker_config.worker_activate(index)
+        try:
+            return dataset.restore_sample(("MapDataset", index, "Webdataset", index))
+        finally:
+            worker_config.worker_deactivate()
+
+    def _open(self) -> tuple[Any, Any]:
+        if self._reader is None or self._reader[0] != os.getpid():
+            from megatron.energon import WorkerConfig
+
+            info = torch.utils.data.get_worker_info()
+            worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0 if info is None else info.num_workers)
+            self._reader = (os.getpid(), worker_config, open_split(self.path, self.split, worker_config).build())
+        return self._reader[1], self._reader[2]
+
+    def row(self, position: int) -> dict[str, Any]:
+        """The THD row (or empty marker) at ``position``, tagged with ``__plan__`` and a restore key."""
+        epoch, plan_row = self.plan_row(position)
+        prepared = [self.encoder.preencode_sample(self.fetch(index)) for index in self.plan.global_indices(plan_row)]
+        row = self.encoder.encode_row(prepared)
+        row["__plan__"] = {"position": position, "epoch": epoch, "row": plan_row}
+        row["__restore_key__"] = ("PackPlan", position)
+        return row
+
+
+class _RankRows(torch.utils.data.IterableDataset):
+    """The rows of one rank from ``cursor``; each DataLoader worker builds its round-robin share."""
+
+    def __init__(self, source: PlanRowSource, *, cursor: int, base: int, end: int | None, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.source = source
+        self.positions = dict(cursor=cursor, base=base, end=end, rank=rank, world_size=world_size)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        for position in rank_positions(**self.positions, worker=worker, num_workers=workers):
+            yield self.source.row(position)
+
+
+def _identity(row: Any) -> Any:
+    return row
+
+
+class PlanDataLoader:
+    """Rows of a pack plan for one data-parallel rank, with an elastic global-cursor state."""
+
+    def __init__(
+        self,
+        source: PlanRowSource,
+        *,
+        rank: int,
+        world_size: int,
+        num_workers: int,
+        repeat: bool,
+        fingerprint: dict[str, Any],
+        allow_inexact_resume: bool,
+        data_parallel_group: Any = None,
+    ) -> None:
+        self.source = source
+        self.rank = rank
+        self.world_size = world_size
+        self.num_workers = num_workers
+        self.repeat = repeat
+        self.fingerprint = fingerprint
+        self.allow_inexact_resume = allow_inexact_resume
+        self.data_parallel_group = data_parallel_group
+        self._epoch = 0
+        self._start = 0  # cursor when the current iteration started
+        self._consumed = 0  # positions of this rank consumed since _start
+        self._stats = PackingStats(worker_id=rank)
+        self._iterating = False
+
+    # ----------------------------------------------------------------------- stream
+
+    @property
+    def plan(self) -> PackPlan:
+        return self.source.plan
+
+    def _bounds(self) -> tuple[int, int | None]:
+        """``(base, end)`` of the positions read now: one epoch, or the endless stream."""
+        if self.repeat:
+            return 0, None
+        rows = self.plan.num_rows
+        return self._epoch * rows, (self._epoch + 1) * rows
+
+    def _rank_rows_left(self) -> int | None:
+        base, end = self._bounds()
+        if end is None:
+            return None
+        first = first_rank_position(self._start, base=base, rank=self.rank, world_size=self.world_size)
+        return max(0, -(-(end - first) // self.world_size)) - self._consumed
+
+    def cursor(self) -> int:
+        """Every position below this one is consumed (assuming ranks in lock step)."""
+        base, end = self._bounds()
+        if end is not None and self._rank_rows_left() == 0:
+            return max(self._start, end)
+        return self._start + self.world_size * self._consumed
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._iterating:
+            raise RuntimeError("PlanDataLoader is already being iterated; finish or drop that iterator first")
+        base, end = self._bounds()
+        self._start, self._consumed = self.cursor(), 0
+        dataset = _RankRows(
+            self.source, cursor=self._start, base=base, end=end, rank=self.rank, world_size=self.world_size
+        )
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity
+        )
+        self._iterating = True
+        try:
+            for row in loader:
+                self._consumed += 1
+                self._stats.add_row_counts(row["__stats__"])
+                if row.get("__empty__"):
+                    continue
+                yield row
+        finally:
+            self._iterating = False
+        if end is not None:  # a finished epoch: the next iteration reads the next one
+            self._epoch += 1
+            self._start, self._consumed = self._epoch * self.plan.num_rows, 0
+
+    def __len__(self) -> int:
+        left = self._rank_rows_left()
+        if left is None:
+            raise TypeError("a repeating plan loader (repeat=True) has no length")
+        return left
+
+    def restore_sample(self, restore_key: Sequence[Any]) -> dict[str, Any]:
+        """Rebuild the row whose ``__restore_key__`` is ``("PackPlan", position)`` (in this process)."""
+        name, position = restore_key
+        if name != "PackPlan":
+            raise ValueError(f"restore key {restore_key!r} is not from a plan loader; pass row['__restore_key__']")
+        return self.source.row(position)
+
+    def stats(self) -> dict[str, Any]:
+        """This rank's row statistics (decode-time skips by reason) plus the plan's own skips."""
+        report = aggregate_stats([self._stats.snapshot()])
+        report["plan_rows"] = self.plan.num_rows
+        report["plan_skipped"] = dict(self.plan.skipped)
+        return report
+
+    # ----------------------------------------------------------------------- state
+
+    def save_state_rank(self) -> PlanLoaderState:
+        """This rank's state; equal on every rank in lock step (apart from rank and stats)."""
+        return PlanLoaderState(
+            fingerprint=dict(self.fingerprint),
+            cursor=self.cursor(),
+            epoch=self._epoch,
+            stats=self._stats.snapshot(),
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+    def restore_state_rank(self, state: PlanLoaderState | None) -> None:
+        """Continue from ``state``'s cursor, whatever world size and worker count saved it."""
+        if state is None:
+            return
+        if self._iterating:
+            raise RuntimeError("cannot restore a plan loader while it is being iterated")
+        if not isinstance(state, PlanLoaderState):
+            raise TypeError(
+                f"restore_state_rank got {type(state).__name__}; pass the object returned by "
+                "PlanDataLoader.save_state_rank() (a state of the online loader cannot seed a plan loader)"
+            )
+        check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        self._epoch, self._start, self._consumed = state.epoch, state.cursor, 0
+        self._stats.restore_state(state.stats if state.rank == self.rank else None)
+
+    def save_state_global(self, global_dst_rank: int = 0) -> list[PlanLoaderState] | None:
+        """Gather every rank's state on ``global_dst_rank`` (a list indexed by rank; None elsewhere)."""
+        import torch.distributed as dist
+
+        state = self.save_state_rank()
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            return [state]
+        gathered: list[Any] | None = [None] * self.world_size if dist.get_rank() == global_dst_rank else None
+        dist.gather_object(state, gathered, dst=global_dst_rank, group=self.data_parallel_group)
+        return gathered
+
+    def restore_state_global(self, states: Sequence[PlanLoaderState]) -> None:
+        """Restore from the list saved by ``save_state_global`` at any world size.
+
+        All saved cursors must agree (ranks in lock step); this rank's statistics continue from
+        the saved rank of the same index when there is one.
+        """
+        cursors = {(s.epoch, s.cursor) for s in states}
+        if len(cursors) != 1:
+            raise ValueError(
+                f"the saved ranks disagree on the (epoch, cursor) {sorted(cursors)}: they were not in lock "
+                "step when saved; fix: save at a step boundary, or restore one rank's state with "
+                "restore_state_rank to continue from its cursor"
+            )
+        mine = [s for s in states if s.rank == self.rank]
+        self.restore_state_rank(mine[0] if mine else states[0])
+
+
+def plan_data_loader(
+    path: Any,
+    plan: PackPlan | str | os.PathLike[str],
+    config: PackingConfig,
+    encoder: Any,
+    *,
+    split: str,
+    rank: int,
+    world_size: int,
+    data_parallel_group: Any = None,
+    **loader_kwargs: Any,
+) -> PlanDataLoader:
+    """The plan loader of one rank (``get_packing_loader(..., plan=...)`` calls this).
+
+    The plan must have been built for this dataset split, processor and packing budgets
+    (``ResumeMismatchError`` otherwise). ``repeat`` follows ``config.repeat`` on the train split;
+    other splits are read once.
+    """
+    if loader_kwargs:
+        raise ValueError(
+            f"{', '.join(sorted(loader_kwargs))}: options of Energon's SavableDataLoader do not apply to a "
+            "plan loader (its state is one cursor, exact after every row); fix: drop them when passing plan="
+        )
+    if config.mode != "online":
+        raise ValueError(
+            f"mode={config.mode!r}: a pack plan fixes each row's samples in advance, so it cannot be combined "
+            "with in-batch rows; fix: set mode: online (the plan replaces online selection) or drop plan="
+        )
+    plan = plan if isinstance(plan, PackPlan) else PackPlan.load(plan)
+    check_plan_matches(plan, path, split, encoder, config)
+    repeat = config.repeat if split == "train" else False
+    fingerprint = {
+        "plan": plan.digest,
+        "seed": config.seed,
+        "repeat": repeat,
+        "fixed_width": config.fixed_width,
+        "width_multiple": config.width_multiple,
+        "pad_cu_seqlens": config.pad_cu_seqlens,
+        "pixel_dtype": config.pixel_dtype,
+    }
+    return PlanDataLoader(
+        PlanRowSource(plan, path, split, encoder, seed=config.seed),
+        rank=rank,
+        world_size=world_size,
+        num_workers=config.num_workers,
+        repeat=repeat,
+        fingerprint=fingerprint,
+        allow_inexact_resume=config.allow_inexact_resume,
+        data_parallel_group=data_parallel_group,
+    )

@@ -161,6 +161,7 @@ class PlanDataLoader:
         rank: int,
         world_size: int,
         num_workers: int,
+        prefetch_factor: int,
         repeat: bool,
         fingerprint: dict[str, Any],
         allow_inexact_resume: bool,
@@ -170,6 +171,7 @@ class PlanDataLoader:
         self.rank = rank
         self.world_size = world_size
         self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
         self.repeat = repeat
         self.fingerprint = fingerprint
         self.allow_inexact_resume = allow_inexact_resume
@@ -216,11 +218,19 @@ class PlanDataLoader:
             self.source, cursor=self._start, base=base, end=end, rank=self.rank, world_size=self.world_size
         )
         loader = torch.utils.data.DataLoader(
-            dataset, batch_size=None, num_workers=self.num_workers, collate_fn=_identity
+            dataset,
+            batch_size=None,
+            num_workers=self.num_workers,
+            collate_fn=_identity,
+            prefetch_factor=self.prefetch_factor if self.num_workers else None,
         )
+        from energon_pack.loader import frozen_gc
+
+        with frozen_gc():  # workers fork here: keep the parent's objects' pages shared (see frozen_gc)
+            rows = iter(loader)
         self._iterating = True
         try:
-            for row in loader:
+            for row in rows:
                 self._consumed += 1
                 self._stats.add_row_counts(row["__stats__"])
                 if row.get("__empty__"):
@@ -353,6 +363,7 @@ def plan_data_loader(
         rank=rank,
         world_size=world_size,
         num_workers=config.num_workers,
+        prefetch_factor=config.loader.prefetch_factor,
         repeat=repeat,
         fingerprint=fingerprint,
         allow_inexact_resume=config.allow_inexact_resume,

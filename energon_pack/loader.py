@@ -30,7 +30,7 @@ from energon_pack.dataset_path import check_dataset_path
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
-from energon_pack.stats import ROW_COUNTS, PackingStats, aggregate_stats, read_snapshots
+from energon_pack.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
 from energon_pack.task_encoder import QwenVLPackingTaskEncoder
 
 
@@ -144,10 +144,11 @@ class PackingDataLoader(SavableDataLoader):
     def stats(self) -> dict[str, Any]:
         """Aggregated statistics of this rank's workers (latest snapshot each), skips by reason.
 
-        Snapshots the workers published (which include skips after their last row, and may be a
-        little ahead of the consumer while workers prefetch) override those seen in rows.
+        Per worker the most advanced of the snapshot its last consumed row carried and the one it
+        published (which includes skips after its last row, and may be a little ahead of the
+        consumer while workers prefetch, or behind it: workers publish at most every few seconds).
         """
-        snapshots = list({**self._worker_stats, **read_snapshots(self._stats_dir.name)}.values())
+        snapshots = list(latest_snapshots(self._worker_stats, read_snapshots(self._stats_dir.name)).values())
         if self._row_stats is not None:
             snapshots.append(self._row_stats.snapshot())
         report = aggregate_stats(snapshots)

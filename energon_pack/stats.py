@@ -17,6 +17,9 @@ from megatron.energon.savable import Savable
 FILL_BINS = 20  # fill histogram buckets of width 1/FILL_BINS
 #: ``kind`` of the per-row counters of :func:`row_counts` (a worker snapshot has no ``kind``).
 ROW_COUNTS = "row_counts"
+#: A worker writes its statistics file at most this often (seconds), plus when it starts and
+#: when its stream ends; every row carries a fresh snapshot anyway.
+STATS_PUBLISH_INTERVAL_S = 2.0
 
 
 @dataclass
@@ -220,6 +223,29 @@ def publish_snapshot(directory: str, snapshot: Mapping[str, Any]) -> None:
     with open(partial, "w", encoding="utf-8") as out:
         json.dump(snapshot, out)
     os.replace(partial, path)
+
+
+def progress(snapshot: Mapping[str, Any]) -> tuple[int, int, int]:
+    """How far a worker's snapshot is: (samples in, rows, skips); later snapshots compare greater.
+
+    Example: ``progress({"samples_in": 9, "rows": 2, "skipped": {"corrupt_image": 1}})`` -> (9, 2, 1).
+    """
+    return snapshot["samples_in"], snapshot["rows"], sum(snapshot["skipped"].values())
+
+
+def latest_snapshots(*sources: Mapping[int, Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """Per worker id, the most advanced snapshot (:func:`progress`) among ``sources``; on a tie,
+    the one from the later source.
+
+    Example: rows carried ``{0: {samples_in: 8, ...}}``, files hold ``{0: {samples_in: 6, ...}}``
+    (published a second earlier) -> the one with 8.
+    """
+    latest: dict[int, Mapping[str, Any]] = {}
+    for source in sources:
+        for worker, snapshot in source.items():
+            if worker not in latest or progress(snapshot) >= progress(latest[worker]):
+                latest[worker] = snapshot
+    return latest
 
 
 def read_snapshots(directory: str) -> dict[int, dict[str, Any]]:

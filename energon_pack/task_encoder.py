@@ -29,7 +29,7 @@ from energon_pack.packing.wrapper import PendingGroupPackingDataset
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_image, probe_video
-from energon_pack.qwen.pixels import image_pixels, video_pixels
+from energon_pack.qwen.pixels import PixelSlots, allocate_row_pixels, image_pixels, in_loader_worker, video_pixels
 from energon_pack.qwen.family import processor_family
 from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
@@ -182,8 +182,10 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
     # --- postencode: pixels and rope positions, only for emitted bins ---------------------
 
     @stateless
-    def postencode_sample(self, sample: PreparedSample) -> EncodedSample:
-        """Decode and patchify the media of ``sample``; raises ``BadSampleError`` on bad media."""
+    def postencode_sample(self, sample: PreparedSample, slots: PixelSlots | None = None) -> EncodedSample:
+        """Decode and patchify the media of ``sample`` (into ``slots`` of its row's payload when
+        given, see :meth:`allocate_row_pixels`); raises ``BadSampleError`` on bad media."""
+        slots = slots or PixelSlots()
         pixel_values = pixel_values_videos = None
         if sample.images:
             pixel_values = image_pixels(
@@ -192,10 +194,16 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
                 sample.image_grid_thw.numpy(),
                 uint8=self.uint8_pixels,
                 max_pixels=sample.image_max_pixels,
+                out=slots.images,
             )
         if sample.videos:
             pixel_values_videos = video_pixels(
-                self.processor, sample.videos, sample.video_timings, sample.video_grid_thw.numpy(), uint8=self.uint8_pixels
+                self.processor,
+                sample.videos,
+                sample.video_timings,
+                sample.video_grid_thw.numpy(),
+                uint8=self.uint8_pixels,
+                out=slots.videos,
             )
         seconds = None if sample.second_per_grid_ts is None else torch.tensor(sample.second_per_grid_ts, dtype=torch.float32)
         mrope = mrope_position_ids(
@@ -223,6 +231,18 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             subflavors=sample.__subflavors__,
         )
         return EncodedSample.derive_from(sample, segment=segment)
+
+    def allocate_row_pixels(self, samples: list[PreparedSample]) -> list[PixelSlots]:
+        """One preallocated pixel payload (per media kind) for the row of ``samples``, one slot
+        per sample (shared memory inside a loader worker); see ``qwen.pixels.allocate_row_pixels``."""
+        vision = self.vision
+        return allocate_row_pixels(
+            [sample.image_grid_thw for sample in samples],
+            [sample.video_grid_thw for sample in samples],
+            patch_dim=3 * vision.temporal_patch_size * vision.patch_size**2,
+            dtype=torch.uint8 if self.uint8_pixels else torch.float32,
+            shared=in_loader_worker(),
+        )
 
     def _normalisation_constants(self) -> dict[str, Any]:
         processor = self.processor.image_processor
@@ -328,6 +348,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             row=self.config.row,
             policy=self.config.policy,
             postencode=self.postencode_sample,
+            allocate_pixels=self.allocate_row_pixels,
             pack=self.pack_selected_samples,
             worker_config=worker_config,
             stats_dir=self.stats_dir,

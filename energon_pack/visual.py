@@ -173,7 +173,8 @@ class VisualInputs:
     def concat(cls, parts: Sequence[VisualInputs]) -> VisualInputs:
         """Concatenate payloads in row order (patches and grids along dim 0).
 
-        A field is None when it is None in every part. Parts must agree on pixel dtypes and on
+        A field is None when it is None in every part. Parts that are consecutive slices filling one
+        tensor (a row payload from ``allocate_row_pixels``) join into that tensor without a copy. Parts must agree on pixel dtypes and on
         the normalisation constants (text-only parts carry none and match anything).
         Example: concat([1 image of 4 patches, text only, 1 image of 8 patches]) -> 12 patches, grid [2, 3].
         """
@@ -186,7 +187,7 @@ class VisualInputs:
                     f"{name} mixes dtypes {dtypes} across samples of one row; "
                     "fix: produce every sample's pixels with the same payload dtype"
                 )
-            tensors[name] = torch.cat(present, dim=0) if present else None
+            tensors[name] = _joined(present) if present else None
         carrying = [p for p in parts if p.rescale_factor is not None]
         first = carrying[0] if carrying else cls()
         for part in carrying[1:]:
@@ -206,3 +207,23 @@ class VisualInputs:
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
         return replace(self, **changes)
+
+
+def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)``, or, when the parts are consecutive row slices that exactly fill one
+    contiguous tensor, that tensor itself (same values, no copy).
+
+    Example: ``payload = torch.zeros(6, 2)``; ``_joined([payload[:2], payload[2:]]) is payload``.
+    """
+    base = parts[0]._base
+    if base is not None and base.is_contiguous() and all(part._base is base for part in parts):
+        row_bytes = base.stride(0) * base.element_size()
+        position = base.data_ptr()
+        for part in parts:
+            if not part.is_contiguous() or part.data_ptr() != position or part.shape[1:] != base.shape[1:]:
+                break
+            position += part.shape[0] * row_bytes
+        else:
+            if position == base.data_ptr() + base.shape[0] * row_bytes:
+                return base
+    return torch.cat(parts, dim=0)

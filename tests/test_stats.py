@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from energon_pack.stats import (
     FILL_BINS,
     PackingStats,
     aggregate_stats,
     fill,
+    latest_snapshots,
     peak_rss_bytes,
+    progress,
     worker_telemetry,
 )
 
@@ -62,3 +66,39 @@ def test_telemetry_measures_rss_and_buffers():
     assert telemetry["buffered_samples"] == 2 and telemetry["buffered_bytes"] == 400
     assert telemetry["pending_samples"] == 1
     assert telemetry["peak_rss_bytes"] >= 10 * 2**20 and peak_rss_bytes() >= telemetry["peak_rss_bytes"]
+
+
+def _snapshot(samples_in: int, rows: int, skips: int) -> dict:
+    return {**PackingStats(samples_in=samples_in, rows=rows, skipped={"x": skips} if skips else {}).snapshot()}
+
+
+def test_latest_snapshot_per_worker_is_the_most_advanced():
+    carried = {0: _snapshot(8, 2, 0), 1: _snapshot(3, 1, 0)}
+    published = {0: _snapshot(6, 1, 0), 1: _snapshot(3, 1, 1), 2: _snapshot(1, 0, 1)}
+    latest = latest_snapshots(carried, published)
+    assert latest[0] is carried[0] and latest[1] is published[1] and latest[2] is published[2]
+    assert progress(carried[0]) == (8, 2, 0)
+
+
+@pytest.mark.slow
+def test_workers_publish_statistics_at_most_every_few_seconds(synthetic_dataset, processor, monkeypatch):
+    """With a clock that never advances, a worker writes its file only when its stream starts and
+    ends, yet the loader's statistics count every sample."""
+    from energon_pack.config import PackingConfig
+    from energon_pack.loader import get_packing_loader
+    from energon_pack.packing import wrapper
+
+    writes = []
+    monkeypatch.setattr(wrapper.time, "monotonic", lambda: 1000.0)
+    publish = wrapper.publish_snapshot
+
+    def recording_publish(directory, snapshot):
+        writes.append(dict(snapshot))
+        publish(directory, snapshot)
+
+    monkeypatch.setattr(wrapper, "publish_snapshot", recording_publish)
+    config = PackingConfig(seq_length=4096, buffer_size=4, num_workers=0, repeat=False)
+    loader = get_packing_loader(synthetic_dataset.out_dir, config, processor)
+    rows = list(loader)
+    assert len(rows) > 2 and len(writes) == 2
+    assert writes[-1]["samples_in"] == synthetic_dataset.written == loader.stats()["samples_in"]

@@ -22,6 +22,8 @@ its row is yielded.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -44,7 +46,7 @@ from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.alignment import aligned_length
 from energon_pack.errors import BadSampleError, row_budget, sample_misfit
 from energon_pack.packing.algorithms import PackItem, RoundSize, select_bins
-from energon_pack.stats import PackingStats, publish_snapshot, worker_telemetry
+from energon_pack.stats import STATS_PUBLISH_INTERVAL_S, PackingStats, publish_snapshot, worker_telemetry
 from energon_pack.thd import row_width
 
 logger = logging.getLogger(__name__)
@@ -78,8 +80,9 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         *,
         row: RowLayout,
         policy: PackingPolicy,
-        postencode: Callable[[PreparedSample], EncodedSample],
+        postencode: Callable[..., EncodedSample],
         pack: Callable[[list[EncodedSample]], PackedRow],
+        allocate_pixels: Callable[[list[PreparedSample]], list[Any]] | None = None,
         worker_config: WorkerConfig,
         stats_dir: str | None = None,
     ) -> None:
@@ -92,10 +95,14 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self.budget = row_budget(row, policy)
         #: When a round runs: after buffer_size new samples or buffer_tokens new aligned tokens.
         self._round_size = RoundSize(samples=policy.buffer_size, tokens=policy.buffer_tokens)
+        #: ``postencode(sample)``, or ``postencode(sample, slot)`` with ``allocate_pixels``.
         self.postencode = postencode
         self.pack = pack
+        #: One pixel slot per sample of a bin, carved from one payload for the whole row.
+        self.allocate_pixels = allocate_pixels
         #: Folder where each worker publishes its statistics for ``PackingDataLoader.stats()``.
         self.stats_dir = stats_dir
+        self._published_at = -math.inf
         self._restored = False
         self.reset_state_own()
 
@@ -132,11 +139,11 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             buffer.worker_start()
         restored, self._restored = self._restored, False
         self._stats.worker_id = self.worker_config.rank_worker_id()
-        self._publish_stats()
+        self._publish_stats(force=True)
         try:
             yield from self._stream(restored)
         finally:
-            self._publish_stats()
+            self._publish_stats(force=True)
 
     def _stream(self, restored: bool) -> Iterator[PackedRow]:
         if self._source_exhausted and not self._has_buffered():
@@ -204,9 +211,14 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             **worker_telemetry(self._buffered_nbytes(), pending_samples=len(self._pending_items)),
         }
 
-    def _publish_stats(self, snapshot: dict[str, Any] | None = None) -> None:
-        if self.stats_dir is not None:
+    def _publish_stats(self, snapshot: dict[str, Any] | None = None, *, force: bool = False) -> None:
+        """Write the statistics file when ``force``d or ``STATS_PUBLISH_INTERVAL_S`` after the last write."""
+        if self.stats_dir is None:
+            return
+        now = time.monotonic()
+        if force or now - self._published_at >= STATS_PUBLISH_INTERVAL_S:
             publish_snapshot(self.stats_dir, snapshot or self._telemetry_snapshot())
+            self._published_at = now
 
     def _run_round(self, *, flush: bool) -> None:
         """Select bins over pending + new samples; ready bins move to the ready buffer."""
@@ -265,8 +277,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             group, items = self._ready_buffer.buffer[:size], self._ready_items[:size]
             del self._ready_buffer[:size], self._ready_items[:size]
             encoded, kept = [], []
-            for sample, item in zip(group, items):
-                result = self._postencode_or_skip(sample)
+            for sample, item, slot in zip(group, items, self._pixel_slots(group)):
+                result = self._postencode_or_skip(sample, slot)
                 if result is not None:
                     encoded.append(result)
                     kept.append((sample, item))
@@ -301,10 +313,17 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         for buffer in (self._reading_buffer, self._pending_buffer, self._ready_buffer):
             yield from (sample.nbytes() for sample in buffer.buffer)
 
-    def _postencode_or_skip(self, sample: PreparedSample) -> EncodedSample | None:
+    def _pixel_slots(self, group: list[PreparedSample]) -> list[Any]:
+        """Each sample's slot in its row's pixel payload (None each without ``allocate_pixels``)."""
+        return [None] * len(group) if self.allocate_pixels is None else self.allocate_pixels(group)
+
+    def _postencode(self, sample: PreparedSample, slot: Any) -> EncodedSample:
+        return self.postencode(sample) if slot is None else self.postencode(sample, slot)
+
+    def _postencode_or_skip(self, sample: PreparedSample, slot: Any = None) -> EncodedSample | None:
         try:
             with self._encode_index.ctx() as encode_index:
-                encoded = self.postencode(sample)
+                encoded = self._postencode(sample, slot)
         except BadSampleError as err:
             self._skip(sample, str(err))
             return None
@@ -320,7 +339,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         """
         name, pack_index, *member_keys = restore_key
         assert name == type(self).__name__, f"restore key {restore_key!r} is not from {type(self).__name__}"
-        encoded = [self.postencode(self.dataset.restore_sample(member_key)) for member_key in member_keys]
+        members = [self.dataset.restore_sample(member_key) for member_key in member_keys]
+        encoded = [self._postencode(sample, slot) for sample, slot in zip(members, self._pixel_slots(members))]
         with self._pack_index.ctx(pack_index):
             row = self.pack(encoded)
         row.stats = {}

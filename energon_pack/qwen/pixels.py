@@ -5,12 +5,19 @@ processor's ``pixel_values`` / ``pixel_values_videos`` and grids, because the pr
 image and video processors do the resizing, rescaling, normalising and patchifying. With
 ``uint8=True`` the rescale/normalise step is left to the device (``energon_pack.visual``):
 the payload is the resized, patchified uint8 pixels, 4x smaller than float32.
+
+Memory: media are decoded and patchified one image / one video at a time (each decoded
+image or frame stack is freed before the next is decoded), and the patches are written
+straight into the row's preallocated payload (:func:`allocate_row_pixels`: one tensor per
+row and media kind, in shared memory inside a loader worker so that handing the row to the
+main process copies nothing), instead of one tensor per sample concatenated afterwards.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,14 +50,18 @@ def decode_video_frames(data: bytes, frame_indices: Sequence[int], total_frames:
     import av
 
     wanted = {index: position for position, index in enumerate(frame_indices)}
-    frames: list[np.ndarray | None] = [None] * len(frame_indices)
+    # Filled in place (allocated at the first wanted frame): no list of frames, then a stacked copy.
+    frames: np.ndarray | None = None
     decoded = 0
     try:
         with av.open(io.BytesIO(data)) as container:
             stream = container.streams.video[0]
             for frame in container.decode(stream):
                 if decoded in wanted:
-                    frames[wanted[decoded]] = frame.to_ndarray(format="rgb24")
+                    rgb = frame.to_ndarray(format="rgb24")
+                    if frames is None:
+                        frames = np.empty((len(frame_indices), *rgb.shape), dtype=np.uint8)
+                    frames[wanted[decoded]] = rgb
                 decoded += 1
     except BadSampleError:
         raise
@@ -60,7 +71,8 @@ def decode_video_frames(data: bytes, frame_indices: Sequence[int], total_frames:
         raise BadSampleError(
             "media_mismatch", f"video decodes to {decoded} frames but its header gave {total_frames}"
         )
-    return np.stack(frames)  # type: ignore[arg-type]
+    assert frames is not None  # total_frames >= 1 frames decoded, frame_indices within them
+    return frames
 
 
 def _check_grid(kind: str, got: torch.Tensor, expected: np.ndarray) -> None:
@@ -75,6 +87,98 @@ def _payload_kwargs(uint8: bool) -> dict[str, Any]:
     return {"do_rescale": False, "do_normalize": False} if uint8 else {}
 
 
+@dataclass(frozen=True)
+class PixelSlots:
+    """Where one sample's patches go: views [P_img, D] / [P_vid, D] into its row's payload
+    (None when the sample has no image / no video)."""
+
+    images: torch.Tensor | None = None
+    videos: torch.Tensor | None = None
+
+
+def patch_rows(grid_thw: torch.Tensor | np.ndarray | None) -> int:
+    """Patches (rows of the pixel payload) of some grids: sum of t*h*w.
+
+    Example: ``patch_rows(np.array([[1, 4, 6], [2, 2, 2]]))`` -> 32; ``patch_rows(None)`` -> 0.
+    """
+    if grid_thw is None or len(grid_thw) == 0:
+        return 0
+    return int(np.asarray(grid_thw, dtype=np.int64).prod(axis=1).sum())
+
+
+def in_loader_worker() -> bool:
+    """Whether this process is a torch DataLoader (Energon) worker."""
+    return torch.utils.data.get_worker_info() is not None
+
+
+def allocate_row_pixels(
+    image_grids: Sequence[torch.Tensor | np.ndarray | None],
+    video_grids: Sequence[torch.Tensor | np.ndarray | None],
+    *,
+    patch_dim: int,
+    dtype: torch.dtype,
+    shared: bool,
+) -> list[PixelSlots]:
+    """One payload tensor per media kind for a whole row, cut into consecutive per-sample slots.
+
+    ``image_grids[i]`` / ``video_grids[i]`` are sample i's grids [n, 3] (None: no such media);
+    ``patch_dim`` = C*T*p*p (1176 for Qwen2/2.5-VL). ``shared`` puts the payload in shared
+    memory (inside a loader worker: the row then reaches the main process without a copy).
+    ``VisualInputs.concat`` of the filled slots returns the payload itself.
+    Example: image grids ``[[[1, 2, 2]], None, [[1, 2, 4]]]``, no videos -> one [12, D] tensor,
+    slots of 4, 0 and 8 rows (images None for the second sample).
+    """
+
+    def slots(grids: Sequence[Any]) -> list[torch.Tensor | None]:
+        rows = [patch_rows(grid) for grid in grids]
+        if not sum(rows):
+            return [None] * len(grids)
+        payload = torch.empty((sum(rows), patch_dim), dtype=dtype)
+        if shared:
+            payload.share_memory_()
+        starts = np.concatenate([[0], np.cumsum(rows)[:-1]])
+        return [
+            payload.narrow(0, int(start), count) if grid is not None and count else None
+            for grid, start, count in zip(grids, starts, rows)
+        ]
+
+    return [PixelSlots(images=i, videos=v) for i, v in zip(slots(image_grids), slots(video_grids))]
+
+
+def _fill(
+    out: torch.Tensor | None,
+    expected_grid_thw: np.ndarray,
+    parts: Sequence[Callable[[], Any]],
+    *,
+    kind: str,
+    grid_key: str,
+    pixel_key: str,
+) -> torch.Tensor:
+    """Run each of ``parts`` (one processor call per image / video) and put its patches into
+    ``out`` one after the other (or concatenate them when ``out`` is None); each part's output
+    is freed before the next part runs. Checks every grid against ``expected_grid_thw``."""
+    chunks: list[torch.Tensor] = []
+    start = 0
+    for position, part in enumerate(parts):
+        processed = part()
+        _check_grid(kind, processed[grid_key], expected_grid_thw[position : position + 1])
+        pixels = processed[pixel_key]
+        del processed
+        if out is None:
+            chunks.append(pixels)
+        else:
+            out.narrow(0, start, pixels.shape[0]).copy_(pixels)
+        start += pixels.shape[0]
+        del pixels
+    if out is not None:
+        if start != out.shape[0]:
+            raise BadSampleError(
+                "media_mismatch", f"{kind}s decode to {start} patches but the header-based grids give {out.shape[0]}"
+            )
+        return out
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+
 def image_pixels(
     processor: Any,
     images: Sequence[bytes],
@@ -82,16 +186,26 @@ def image_pixels(
     *,
     uint8: bool = False,
     max_pixels: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``pixel_values`` [P, C*T*p*p] (float32, or uint8 with ``uint8=True``) of a sample's images;
-    ``max_pixels`` overrides the processor's pixel limit per image for this call (a shrunk sample)."""
-    decoded = [decode_image(data) for data in images]
+    ``max_pixels`` overrides the processor's pixel limit per image for this call (a shrunk sample).
+
+    Images are decoded and processed one at a time (each freed once patchified), which gives the
+    same patches as one processor call on all of them. With ``out`` (a [P, C*T*p*p] slot of the
+    row's payload, see :func:`allocate_row_pixels`) the patches are written there and ``out`` is
+    returned."""
     kwargs = _payload_kwargs(uint8)
     if max_pixels is not None:
         kwargs["size"] = {**dict(processor.image_processor.size), "longest_edge": max_pixels}
-    out = processor.image_processor(images=decoded, return_tensors="pt", **kwargs)
-    _check_grid("image", out["image_grid_thw"], expected_grid_thw)
-    pixels = out["pixel_values"]
+
+    def process(data: bytes) -> Callable[[], Any]:
+        return lambda: processor.image_processor(images=[decode_image(data)], return_tensors="pt", **kwargs)
+
+    pixels = _fill(
+        out, expected_grid_thw, [process(data) for data in images],
+        kind="image", grid_key="image_grid_thw", pixel_key="pixel_values",
+    )
     return pixels.to(torch.uint8) if uint8 else pixels
 
 
@@ -102,18 +216,22 @@ def video_pixels(
     expected_grid_thw: np.ndarray,
     *,
     uint8: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``pixel_values_videos`` [P, C*T*p*p] of a sample's videos, frames decoded with PyAV."""
-    frames = [
-        decode_video_frames(data, timing.frame_indices, timing.total_frames) for data, timing in zip(videos, timings)
-    ]
-    out = processor.video_processor(
-        videos=frames,
-        video_metadata=[timing.metadata() for timing in timings],
-        do_sample_frames=False,
-        return_tensors="pt",
-        **_payload_kwargs(uint8),
+    """``pixel_values_videos`` [P, C*T*p*p] of a sample's videos, frames decoded with PyAV, one
+    video at a time (its frames freed once patchified); ``out`` as in :func:`image_pixels`."""
+
+    def process(data: bytes, timing: VideoTiming) -> Callable[[], Any]:
+        return lambda: processor.video_processor(
+            videos=[decode_video_frames(data, timing.frame_indices, timing.total_frames)],
+            video_metadata=[timing.metadata()],
+            do_sample_frames=False,
+            return_tensors="pt",
+            **_payload_kwargs(uint8),
+        )
+
+    pixels = _fill(
+        out, expected_grid_thw, [process(data, timing) for data, timing in zip(videos, timings)],
+        kind="video", grid_key="video_grid_thw", pixel_key="pixel_values_videos",
     )
-    _check_grid("video", out["video_grid_thw"], expected_grid_thw)
-    pixels = out["pixel_values_videos"]
     return pixels.to(torch.uint8) if uint8 else pixels

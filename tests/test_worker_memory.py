@@ -1,0 +1,30 @@
+"""Worker memory levers of the loader: gc frozen while workers fork, prefetch depth as a knob."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from energon_pack.config import PackingConfig
+from energon_pack.loader import frozen_gc, get_packing_loader
+
+
+def test_frozen_gc_freezes_only_inside_the_block() -> None:
+    assert gc.get_freeze_count() == 0
+    with frozen_gc():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefetch_factor", [1, 3])
+def test_loader_uses_the_prefetch_knob_and_unfreezes_after_forking(synthetic_dataset, processor, prefetch_factor):
+    config = PackingConfig(seq_length=4096, buffer_size=4, num_workers=2, repeat=False, prefetch_factor=prefetch_factor)
+    loader = get_packing_loader(synthetic_dataset.out_dir, config, processor)
+    assert loader.prefetch_factor == prefetch_factor
+    rows = iter(loader)
+    first = next(rows)
+    assert gc.get_freeze_count() == 0 and first["__keys__"]
+    keys = [*first["__keys__"], *(key for row in rows for key in row["__keys__"])]
+    assert len(keys) == len(set(keys)) and len(keys) + loader.stats()["skipped_total"] == synthetic_dataset.written

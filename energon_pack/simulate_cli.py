@@ -67,7 +67,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         from energon_pack.tables import format_table as format_text_table
 
         print("global pack plan of the whole stream (energon-pack plan): rows, fill, plan time and file size")
-        plans = lengths_plan_table([s.tokens for s in samples], widths=_ints(args.widths), min_fill=defaults.min_fill)
+        plans = lengths_plan_table([s.tokens for s in samples], widths=args.widths, min_fill=defaults.min_fill)
         print(format_text_table(plans))
     if args.plot is not None:
         plot_fill(rows, args.plot)

@@ -348,6 +348,11 @@ def plan_data_loader(
         )
     plan = plan if isinstance(plan, PackPlan) else PackPlan.load(plan)
     check_plan_matches(plan, path, split, encoder, config)
+    if plan.num_rows == 0:
+        raise ValueError(
+            f"the pack plan has no rows: all {plan.samples_in} samples were skipped ({plan.skipped}); "
+            "fix: see docs/bad_input_policy.md for each reason, then rebuild the plan"
+        )
     repeat = config.repeat if split == "train" else False
     fingerprint = {
         "plan": plan.digest,

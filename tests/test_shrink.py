@@ -60,7 +60,8 @@ def _samples(family: str) -> dict[str, GoldenSample]:
 
 
 def _encoder(processor: Any, **config: Any) -> QwenVLPackingTaskEncoder:
-    return QwenVLPackingTaskEncoder(PackingConfig(**config), processor)
+    """An encoder emitting float32 pixels, the Hugging Face processor's own payload."""
+    return QwenVLPackingTaskEncoder(PackingConfig(pixel_dtype="float32", **config), processor)
 
 
 def _assert_equals_hf(processor: Any, golden: GoldenSample, prepared: PreparedSample, encoder) -> None:

@@ -276,10 +276,17 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         loaders count and drop.
         """
         skipped: Counter[str] = Counter()
-        encoded = []
+        members = []
         for sample in samples:
+            problem = self._member_problem(sample)
+            if problem is None:
+                members.append(sample)
+            else:
+                skipped[problem.reason] += 1
+        encoded = []
+        for sample, slot in zip(members, self.allocate_row_pixels(members)):
             try:
-                encoded.append(self._postencode_member(sample))
+                encoded.append(self.postencode_sample(sample, slot))
             except BadSampleError as err:
                 skipped[err.reason] += 1
                 _LOG.warning("energon_pack: skipping sample %r: %s", sample.__key__, err)
@@ -297,15 +304,16 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         row["__restore_key__"] = ()
         return row
 
-    def _postencode_member(self, sample: PreparedSample) -> EncodedSample:
-        """``postencode_sample``, raising ``BadSampleError`` for skip markers and misfits too."""
+    def _member_problem(self, sample: PreparedSample) -> BadSampleError | None:
+        """Why a member of a fixed row cannot be postencoded (skip marker, misfit), else None."""
         if sample.skip_reason is not None:
             reason, _, detail = sample.skip_reason.partition(": ")
-            raise BadSampleError(reason, detail)
-        misfit = sample_misfit(sample, self.budget, self.config.row, self.config.policy)
-        if misfit is not None:
-            raise misfit
-        return self.postencode_sample(sample)
+            problem = BadSampleError(reason, detail)
+        else:
+            problem = sample_misfit(sample, self.budget, self.config.row, self.config.policy)
+        if problem is not None:
+            _LOG.warning("energon_pack: skipping sample %r: %s", sample.__key__, problem)
+        return problem
 
     def _thd_row(self, row: PackedRow) -> dict:
         out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id)

@@ -121,6 +121,15 @@ class PackingDataLoader(SavableDataLoader):
         )
 
     def __iter__(self):
+        try:
+            yield from self._rows()
+        except Exception:
+            # A failed epoch (a worker raised, e.g. on_overlong="error"): stop its workers now,
+            # not at interpreter exit; the next iteration starts fresh ones.
+            self._shutdown_workers()
+            raise
+
+    def _rows(self) -> Iterator[dict]:
         batches = super().__iter__()
         # Workers fork on the first request. Objects alive now go to the permanent generation
         # first, so a worker's garbage collector (and Energon's gc_init_worker scan) never writes
@@ -140,6 +149,28 @@ class PackingDataLoader(SavableDataLoader):
             if batch.get("__empty__"):
                 continue  # a batch whose samples were all skipped: counted, no row
             yield batch
+
+    def _shutdown_workers(self) -> None:
+        """Stop this loader's worker processes (torch keeps persistent workers until then)."""
+        iterator, self._iterator = self._iterator, None
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+    def close(self) -> None:
+        """Stop the workers and remove the statistics folder; ``stats()`` keeps the last figures.
+
+        Also done when the loader is garbage-collected; ``with get_packing_loader(...) as loader:``
+        closes it at the end of the block.
+        """
+        self._shutdown_workers()
+        self._worker_stats.update(read_snapshots(self._stats_dir.name))
+        self._stats_dir.cleanup()
+
+    def __enter__(self) -> PackingDataLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def stats(self) -> dict[str, Any]:
         """Aggregated statistics of this rank's workers (latest snapshot each), skips by reason.

@@ -33,6 +33,11 @@ def rows_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a["__keys__"] == b["__keys__"] and all(torch.equal(a[n], b[n]) for n in names)
 
 
+def _ratio(value: float | None) -> str:
+    """``0.98765`` -> ``"0.9877"``; None (not applicable) -> ``"n/a"``."""
+    return "n/a" if value is None else f"{value:.4f}"
+
+
 def run_demo(*, out_dir: Path | None, num_samples: int, seq_length: int, num_workers: int) -> int:
     """Run the demo and print its report; returns a process exit code."""
     from tqdm import tqdm
@@ -70,7 +75,7 @@ def run_demo(*, out_dir: Path | None, num_samples: int, seq_length: int, num_wor
         {"metric": "samples packed", "value": stats["samples_packed"]},
         {"metric": "samples read", "value": stats["samples_in"]},
         {"metric": "fill (real tokens / row slots)", "value": f"{stats['fill']:.4f}"},
-        {"metric": "fill before the end-of-epoch flush", "value": f"{stats['fill_before_flush']:.4f}"},
+        {"metric": "fill before the end-of-epoch flush", "value": _ratio(stats["fill_before_flush"])},
         {"metric": "rows from the end-of-epoch flush", "value": stats["flush_rows"]},
         {
             "metric": "ViT patches per row: mean / max",

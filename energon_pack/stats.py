@@ -15,6 +15,9 @@ from typing import Any
 from megatron.energon.savable import Savable
 
 FILL_BINS = 20  # fill histogram buckets of width 1/FILL_BINS
+#: Bucket edges of the fill histogram: bucket i counts rows with fill in [edges[i], edges[i+1])
+#: (the last bucket includes 1.0). ``[0.0, 0.05, ..., 1.0]``.
+FILL_HISTOGRAM_EDGES: tuple[float, ...] = tuple(round(i / FILL_BINS, 6) for i in range(FILL_BINS + 1))
 #: ``kind`` of the per-row counters of :func:`row_counts` (a worker snapshot has no ``kind``).
 ROW_COUNTS = "row_counts"
 #: A worker writes its statistics file at most this often (seconds), plus when it starts and
@@ -139,8 +142,10 @@ def fill(real_tokens: int, row_slots: int) -> float:
 
 
 def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Sum per-worker snapshots into one report dict (adds ``fill``, ``skipped_total`` and, per
-    row-cost key, ``row_cost_mean`` (per row) and ``row_cost_max`` (over every worker's rows)).
+    """Sum per-worker snapshots into one report dict (adds ``fill``, ``fill_before_flush`` (None
+    when every row came from the end-of-epoch flush), ``fill_histogram_edges`` (FILL_BINS + 1
+    edges of ``fill_histogram``), ``skipped_total`` and, per row-cost key, ``row_cost_mean``
+    (per row) and ``row_cost_max`` (over every worker's rows)).
 
     Example: two workers with rows 3 and 4 -> ``{"rows": 7, ...}``.
     """
@@ -169,10 +174,14 @@ def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     total["skipped"] = dict(sorted(total["skipped"].items()))
     total["skipped_total"] = sum(total["skipped"].values())
     total["fill"] = fill(total["real_tokens"], total["row_slots"])
-    # Fill of the rows selected while the stream was running (the end-of-epoch flush excluded).
+    total["fill_histogram_edges"] = list(FILL_HISTOGRAM_EDGES)
+    # Fill of the rows selected while the stream was running (the end-of-epoch flush excluded);
+    # None (not applicable) when every row came from the flush.
     steady_rows = total["rows"] - total["flush_rows"]
     width = total["row_slots"] // total["rows"] if total["rows"] else 0
-    total["fill_before_flush"] = fill(total["real_tokens"] - total["flush_real_tokens"], steady_rows * width)
+    total["fill_before_flush"] = (
+        fill(total["real_tokens"] - total["flush_real_tokens"], steady_rows * width) if steady_rows else None
+    )
     return total
 
 

@@ -102,3 +102,25 @@ def test_workers_publish_statistics_at_most_every_few_seconds(synthetic_dataset,
     rows = list(loader)
     assert len(rows) > 2 and len(writes) == 2
     assert writes[-1]["samples_in"] == synthetic_dataset.written == loader.stats()["samples_in"]
+
+
+def test_fill_before_flush_is_not_applicable_when_every_row_is_flushed():
+    flushed = PackingStats(worker_id=0)
+    flushed.count_row(500, 1000, 2, flush=True)
+    flushed.count_row(300, 1000, 1, flush=True)
+    total = aggregate_stats([flushed.snapshot()])
+    assert total["fill"] == 0.4
+    assert total["fill_before_flush"] is None, "no row was selected before the flush: not applicable, not 0.0"
+    assert aggregate_stats([])["fill_before_flush"] is None
+
+
+def test_fill_histogram_has_labelled_bucket_edges():
+    stats = PackingStats(worker_id=0)
+    for real_tokens in (1000, 999, 500, 549, 0):
+        stats.count_row(real_tokens, 1000, 1)
+    total = aggregate_stats([stats.snapshot()])
+    edges, counts = total["fill_histogram_edges"], total["fill_histogram"]
+    assert len(edges) == len(counts) + 1 and edges[0] == 0.0 and edges[-1] == 1.0
+    assert edges == sorted(edges) and edges[10] == 0.5 and edges[11] == 0.55
+    by_bucket = {(edges[i], edges[i + 1]): n for i, n in enumerate(counts) if n}
+    assert by_bucket == {(0.0, 0.05): 1, (0.5, 0.55): 2, (0.95, 1.0): 2}

@@ -163,7 +163,7 @@ class PackingDataLoader(SavableDataLoader):
         closes it at the end of the block.
         """
         self._shutdown_workers()
-        self._worker_stats.update(read_snapshots(self._stats_dir.name))
+        self._worker_stats = latest_snapshots(self._worker_stats, read_snapshots(self._stats_dir.name))
         self._stats_dir.cleanup()
 
     def __enter__(self) -> PackingDataLoader:

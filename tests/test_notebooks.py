@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from traitlets.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "tutorials").glob("*.ipynb"))
@@ -69,9 +70,17 @@ def test_notebook_runs(path: Path, monkeypatch, record_property):
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
         started = time.monotonic()
-        NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
-        record_property("notebook_seconds", round(time.monotonic() - started))  # execute() raised on a cell error
-        # pymp-*: multiprocessing's folders of the loader workers, removed when the kernel exits.
+        # Let the kernel exit on its own (no kill after jupyter_client's 5 s), so that what a process
+        # removes at exit (the statistics folders of loaders still alive) is removed.
+        config = Config()
+        config.KernelManager.shutdown_wait_time = 120.0
+        client = NotebookClient(
+            notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}, config=config
+        )
+        client.execute()  # raises on the first cell error
+        record_property("notebook_seconds", round(time.monotonic() - started))
+        # pymp-*: multiprocessing's folders of loader worker processes, left behind when torch's
+        # DataLoader terminates a worker that has not exited in time (not the notebook's doing).
         left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith("pymp-"))
         assert not left, (
             f"{path.name} left {left} in its temporary folder; fix: create files under a "

@@ -16,6 +16,7 @@ import torch
 from megatron.energon import Sample
 from megatron.energon.edataclass import edataclass
 
+from energon_pack.errors import BadSampleError
 from energon_pack.qwen.template import VideoTiming
 from energon_pack.visual import VisualInputs
 
@@ -95,8 +96,10 @@ class PreparedSample(Sample):
     second_per_grid_ts: Optional[list[float]] = None
     #: Frame sampling of each video (source frame count, fps, sampled indices).
     video_timings: Optional[list[VideoTiming]] = None
-    #: ``"<reason>: <detail>"`` for a bad sample, else None.
+    #: Skip reason of a bad sample (``BadSampleError.reason``, the skip-count key), else None.
     skip_reason: Optional[str] = None
+    #: What was wrong with it (``BadSampleError.detail``), else None.
+    skip_detail: Optional[str] = None
     #: Per-sample limits that ``on_overlong="shrink"`` set: pixels per image and frames sampled
     #: per video (None: the processor's own).
     image_max_pixels: Optional[int] = None
@@ -126,11 +129,18 @@ class PreparedSample(Sample):
         return media + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     @classmethod
-    def skipped(cls, base: Sample, reason: str) -> PreparedSample:
-        """A marker for a bad sample derived from ``base`` (keeps its key and restore key)."""
+    def skipped(cls, base: Sample, error: BadSampleError) -> PreparedSample:
+        """A marker for the bad sample ``base`` (keeps its key and restore key) skipped for ``error``."""
         empty = torch.zeros(0, dtype=torch.int64)
         return cls.derive_from(
-            base, input_ids=empty, labels=empty, loss_mask=empty.float(), images=[], videos=[], skip_reason=reason
+            base,
+            input_ids=empty,
+            labels=empty,
+            loss_mask=empty.float(),
+            images=[],
+            videos=[],
+            skip_reason=error.reason,
+            skip_detail=error.detail,
         )
 
 

@@ -43,7 +43,7 @@ def summarize(dataset: Path, *, split: str = "train", processor: Any = None, lim
         videos += len(raw.videos)
         media_bytes += sum(map(len, raw.images)) + sum(map(len, raw.videos))
         if prepared.skip_reason is not None:
-            skipped[prepared.skip_reason.split(":", 1)[0]] += 1
+            skipped[prepared.skip_reason] += 1
         else:
             lengths.append(prepared.num_tokens)
     rows: list[dict[str, Any]] = [

@@ -9,12 +9,8 @@ The returned ``PackingDataLoader`` is Energon's ``SavableDataLoader`` plus two t
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import hashlib
 import itertools
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,11 +23,11 @@ from megatron.energon import (
 
 from energon_pack.config import PackingConfig, check_resume_fingerprint
 from energon_pack.dataset_path import check_dataset_path
-from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
+from energon_pack.workers import frozen_gc
 from energon_pack.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
-from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+from energon_pack.task_encoder import QwenVLPackingTaskEncoder, WeightedBlendWithoutRepeatError, encoder_fingerprint
 
 
 @dataclass
@@ -46,48 +42,11 @@ class PackingLoaderState:
     row_stats: dict[str, Any] | None = None
 
 
-def processor_fingerprint(processor: Any) -> dict[str, Any]:
-    """Identity of a processor for exact resume: class, tokenizer vocabulary and template hash."""
-    tokenizer = processor.tokenizer
-    template = getattr(processor, "chat_template", None) or ""
-    return {
-        "processor_class": type(processor).__name__,
-        "processor_path": str(getattr(tokenizer, "name_or_path", "") or ""),
-        "vocab_size": len(tokenizer),
-        "chat_template_sha": hashlib.sha256(template.encode("utf-8")).hexdigest()[:16],
-    }
-
-
-def encoder_fingerprint(encoder: QwenVLPackingTaskEncoder) -> dict[str, Any]:
-    """Identity of what turns a sample into tokens and pixels: processor, vision limits, rope."""
-    return {
-        **processor_fingerprint(encoder.processor),
-        **{f"vision.{name}": value for name, value in vars(encoder.vision).items()},
-        "rope": repr(encoder.rope_spec),
-    }
-
-
 def resume_fingerprint(
     config: PackingConfig, encoder: QwenVLPackingTaskEncoder, world_size: int, split: str
 ) -> dict[str, Any]:
     """Everything exact resume depends on, as one flat JSON-able dict."""
     return {**config.fingerprint(), **encoder_fingerprint(encoder), "world_size": world_size, "split": split}
-
-
-@contextlib.contextmanager
-def frozen_gc() -> Iterator[None]:
-    """Collect, then move every live object to the permanent generation for the ``with`` block.
-
-    Processes forked inside the block keep them frozen (their collector never touches those
-    objects, so the memory pages holding them stay shared copy-on-write); this process
-    unfreezes on exit. Example: ``with frozen_gc(): gc.get_freeze_count() > 0``.
-    """
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 class PackingDataLoader(SavableDataLoader):
@@ -261,14 +220,14 @@ def get_packing_loader(
     """
     check_dataset_path(path, split=split)
     rank, world_size, group = _distributed_rank_info(rank, world_size, data_parallel_group)
-    task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
     if plan is not None:
+        task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
         return plan_data_loader(
             path, plan, config, task_encoder, split=split, rank=rank, world_size=world_size,
             data_parallel_group=group, **loader_kwargs,
         )
     stats_dir = tempfile.TemporaryDirectory(prefix="energon_pack_stats_")
-    task_encoder.stats_dir = stats_dir.name
+    task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec, stats_dir=stats_dir.name)
     worker_config = WorkerConfig(
         rank=rank,
         world_size=world_size,
@@ -288,13 +247,8 @@ def get_packing_loader(
                 task_encoder=task_encoder,
                 repeat=config.loader.repeat,
             )
-        except AssertionError as err:
-            if "blend" not in str(err):
-                raise
-            raise ValueError(
-                f"{path}: a weighted metadataset blend cannot be read as one finite epoch (repeat=False); "
-                "fix: set repeat=True, or use blend_epochized with repetitions in the metadataset"
-            ) from err
+        except WeightedBlendWithoutRepeatError as err:
+            raise WeightedBlendWithoutRepeatError(f"{path}: {err}") from None
     else:
         dataset = get_val_dataset(path, split_part=split, worker_config=worker_config, batch_size=1, task_encoder=task_encoder)
     fingerprint = resume_fingerprint(config, task_encoder, world_size, split)

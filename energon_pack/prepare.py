@@ -40,15 +40,17 @@ GENERATED_ID_PREFIX = "_line"
 
 @dataclass(frozen=True)
 class RecordProblem:
-    """A record that was not written: 1-based line (or list position), record id and reason."""
+    """A record that was not written: 1-based line (or list position), record id, skip reason
+    (``BadSampleError.reason``) and detail."""
 
     line: int
     record_id: str | None
     reason: str
+    detail: str
 
     def __str__(self) -> str:
         name = f" (id {self.record_id!r})" if self.record_id is not None else ""
-        return f"line {self.line}{name}: {self.reason}"
+        return f"line {self.line}{name}: {self.reason}: {self.detail}"
 
 
 @dataclass
@@ -67,8 +69,8 @@ class PrepareReport:
     generated_ids: int = 0
 
     def problem_counts(self) -> Counter[str]:
-        """Skipped records by reason (the text before the first colon)."""
-        return Counter(p.reason.split(":", 1)[0] for p in self.problems)
+        """Skipped records by reason."""
+        return Counter(p.reason for p in self.problems)
 
 
 class PrepareError(RuntimeError):
@@ -318,7 +320,12 @@ def _write_dataset(
                     check_no_assistant_media(parsed.messages)
                 sample = build_wds_sample(key, parsed, media_root)
             except BadSampleError as err:
-                problem = RecordProblem(line=line, record_id=None if record_id is None else str(record_id), reason=str(err))
+                problem = RecordProblem(
+                    line=line,
+                    record_id=None if record_id is None else str(record_id),
+                    reason=err.reason,
+                    detail=err.detail,
+                )
                 if on_error == "fail":
                     raise PrepareError(str(problem)) from None
                 report.problems.append(problem)

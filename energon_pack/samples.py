@@ -29,8 +29,9 @@ CONVERSATION_PART = "json"
 class QwenVLChatSample(Sample):
     """One chat sample: typed messages and the compressed bytes of its images and videos.
 
-    ``invalid_reason`` is set (and ``conversation`` empty) when the stored conversation is bad;
-    the task encoder counts such samples as skips under that reason instead of crashing.
+    ``invalid_reason`` / ``invalid_detail`` are set (and ``conversation`` empty) when the stored
+    conversation is bad; the task encoder counts such samples as skips under that reason
+    instead of crashing.
     """
 
     #: Typed messages (see ``energon_pack.conversation``).
@@ -39,8 +40,10 @@ class QwenVLChatSample(Sample):
     images: list[bytes]
     #: Compressed video files (MP4 bytes), in placeholder order.
     videos: list[bytes]
-    #: ``"<reason>: <detail>"`` of a conversation that failed validation, else None.
+    #: Skip reason (``BadSampleError.reason``) of a conversation that failed validation, else None.
     invalid_reason: Optional[str] = None
+    #: What was wrong with it (``BadSampleError.detail``), else None.
+    invalid_detail: Optional[str] = None
 
 
 def media_part_name(index: int, extension: str) -> str:
@@ -75,8 +78,8 @@ def chat_fields_from_parts(parts: dict[str, Any]) -> dict[str, Any]:
             decode_conversation_json(parts[CONVERSATION_PART]), num_images=len(images), num_videos=len(videos)
         )
     except BadSampleError as err:
-        return dict(conversation=[], images=images, videos=videos, invalid_reason=str(err))
-    return dict(conversation=conversation, images=images, videos=videos, invalid_reason=None)
+        return dict(conversation=[], images=images, videos=videos, invalid_reason=err.reason, invalid_detail=err.detail)
+    return dict(conversation=conversation, images=images, videos=videos, invalid_reason=None, invalid_detail=None)
 
 
 class QwenVLChatWebdataset(DefaultGenericWebdatasetFactory[QwenVLChatSample]):

@@ -8,15 +8,18 @@ bin) -> ``pack_selected_samples`` (segments of one row) -> ``batch`` (the THD di
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 import torch
 from megatron.energon import TaskEncoder
 from megatron.energon.flavors.base_dataset import SavableDataset
+from megatron.energon.metadataset.loader_interface import DatasetBlendMode
 from megatron.energon.task_encoder.base import stateless
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers.batch_dataset import BatchDataset
@@ -24,79 +27,96 @@ from megatron.energon.wrappers.batch_dataset import BatchDataset
 from energon_pack.alignment import aligned_length
 from energon_pack.config import PackingConfig
 from energon_pack.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
-from energon_pack.errors import BadSampleError, row_budget, sample_misfit
+from energon_pack.errors import BadSampleError
+from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.wrapper import PendingGroupPackingDataset
-from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
+from energon_pack.qwen.encode import PreparedChat, QwenChatEncoder
+from energon_pack.qwen.fit import MediaGeometry
 from energon_pack.qwen.geometry import VisionSpec
-from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_image, probe_video
-from energon_pack.qwen.pixels import PixelSlots, allocate_row_pixels, image_pixels, in_loader_worker, video_pixels
-from energon_pack.qwen.family import processor_family
+from energon_pack.qwen.pixels import PixelSlots, allocate_row_pixels, in_loader_worker
 from energon_pack.qwen.processor import load_processor
-from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
-from energon_pack.qwen.template import (
-    ChatMarkers,
-    TokenizedConversation,
-    placeholder_token_count,
-    tokenize_conversation,
-)
+from energon_pack.qwen.rope import RopeSpec
 from energon_pack.samples import QwenVLChatSample
 from energon_pack.stats import row_counts
 from energon_pack.thd import build_layout_row, collate_rows
-from energon_pack.visual import VisualInputs
 
 _LOG = logging.getLogger(__name__)
 
 # Forked Energon workers must not share the tokenizer's Rust thread pool.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-#: tokens_per_second of the released Qwen2.5-VL checkpoints (used when no model config is known).
-QWEN25_TOKENS_PER_SECOND = 2
+
+class WeightedBlendWithoutRepeatError(ValueError):
+    """A weighted metadataset blend was asked for as one finite epoch (``repeat=False``)."""
 
 
-def default_rope_spec(processor: Any) -> RopeSpec:
-    """Rope constants for a processor: from the model config ``load_processor(path)`` found next
-    to it, else from the processor (family, merge size, pad token ids; Qwen2.5-VL
-    ``tokens_per_second`` = 2 as in the released checkpoints).
+def processor_fingerprint(processor: Any) -> dict[str, Any]:
+    """Identity of a processor for exact resume: class, tokenizer vocabulary and template hash."""
+    tokenizer = processor.tokenizer
+    template = getattr(processor, "chat_template", None) or ""
+    return {
+        "processor_class": type(processor).__name__,
+        "processor_path": str(getattr(tokenizer, "name_or_path", "") or ""),
+        "vocab_size": len(tokenizer),
+        "chat_template_sha": hashlib.sha256(template.encode("utf-8")).hexdigest()[:16],
+    }
 
-    Example: ``default_rope_spec(load_processor())`` -> ``RopeSpec(family="qwen2.5-vl",
-    tokens_per_second=2, ...)``.
-    """
-    model_config = getattr(processor, "energon_pack_model_config", None)
-    if model_config is not None:
-        return RopeSpec.from_model_config(model_config)
-    family = processor_family(processor)
-    return RopeSpec(
-        family=family,
-        spatial_merge_size=int(processor.image_processor.merge_size),
-        tokens_per_second=QWEN25_TOKENS_PER_SECOND if family == "qwen2.5-vl" else None,
-        image_token_id=int(processor.image_token_id),
-        video_token_id=int(processor.video_token_id),
-    )
+
+def encoder_fingerprint(encoder: QwenVLPackingTaskEncoder) -> dict[str, Any]:
+    """Identity of what turns a sample into tokens and pixels: processor, vision limits, rope."""
+    return {
+        **processor_fingerprint(encoder.processor),
+        **{f"vision.{name}": value for name, value in vars(encoder.vision).items()},
+        "rope": repr(encoder.rope_spec),
+    }
 
 
 class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
     """Packs Qwen-VL chat samples into fixed-width THD rows (docs/batch_contract.md, docs/state_contract.md).
 
-    ``processor``: a Qwen-VL processor (``load_processor()`` when None); its pixel limits
-    decide token counts. ``rope_spec``: rope constants (from the model config when known;
-    otherwise derived from the processor).
+    Energon glue around :class:`QwenChatEncoder` (tokens, grids and pixels of one chat) and the
+    packing stage. ``processor``: a Qwen-VL processor (``load_processor()`` when None); its pixel
+    limits decide token counts. ``rope_spec``: rope constants (from the model config when known;
+    otherwise derived from the processor). ``stats_dir``: folder where each worker's packing
+    stage publishes its statistics (``get_packing_loader`` sets one; None publishes nothing).
     """
 
     decoder = None  # raw bytes reach preencode: media stay compressed until postencode
 
-    def __init__(self, config: PackingConfig, processor: Any = None, *, rope_spec: RopeSpec | None = None) -> None:
+    def __init__(
+        self,
+        config: PackingConfig,
+        processor: Any = None,
+        *,
+        rope_spec: RopeSpec | None = None,
+        stats_dir: str | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
-        self.processor = processor if processor is not None else load_processor()
-        self.vision = VisionSpec.from_processor(self.processor)
-        self.rope_spec = rope_spec or default_rope_spec(self.processor)
-        self.markers = ChatMarkers.from_tokenizer(self.processor.tokenizer)
+        self.chat = QwenChatEncoder(
+            processor if processor is not None else load_processor(),
+            rope_spec=rope_spec,
+            uint8_pixels=config.row.pixel_dtype == "uint8",
+        )
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
-        self.uint8_pixels = config.row.pixel_dtype == "uint8"
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.
         self.budget = row_budget(config.row, config.policy)
-        #: Folder where the packing stage publishes per-worker statistics (set by get_packing_loader).
-        self.stats_dir: str | None = None
+        self.stats_dir = stats_dir
+
+    @property
+    def processor(self) -> Any:
+        """The Qwen-VL processor."""
+        return self.chat.processor
+
+    @property
+    def vision(self) -> VisionSpec:
+        """The processor's ``VisionSpec`` (pixel limits, frame sampling)."""
+        return self.chat.vision
+
+    @property
+    def rope_spec(self) -> RopeSpec:
+        """The rope constants."""
+        return self.chat.rope_spec
 
     # --- preencode: tokens and geometry, no pixels ---------------------------------------
 
@@ -104,50 +124,15 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
     def preencode_sample(self, sample: QwenVLChatSample) -> PreparedSample:
         """Tokenize and measure ``sample`` from media headers; a bad sample becomes a skip marker."""
         try:
-            return self._prepare(sample)
+            if sample.invalid_reason is not None:
+                raise BadSampleError(sample.invalid_reason, sample.invalid_detail)
+            shrink = self.config.policy.on_overlong == "shrink"
+            prepared = self.chat.prepare(
+                sample.conversation, sample.images, sample.videos, fits=self._fits_row if shrink else None
+            )
         except BadSampleError as err:
-            return PreparedSample.skipped(sample, str(err))
-
-    def _prepare(self, sample: QwenVLChatSample) -> PreparedSample:
-        if sample.invalid_reason is not None:
-            reason, _, detail = sample.invalid_reason.partition(": ")
-            raise BadSampleError(reason, detail)
-        images = [probe_image(data) for data in sample.images]
-        videos = [probe_video(data) for data in sample.videos]
-        geometry = media_geometry(images, videos, self.vision)
-        tokens = self._tokenize(sample, geometry)
-        limits = tokens_before_shrink = None
-        if self.config.policy.on_overlong == "shrink" and not self._fits_row(len(tokens.input_ids), geometry):
-            limits = self._shrink_limits(images, videos, geometry, len(tokens.input_ids))
-            if limits is not None:
-                tokens_before_shrink = len(tokens.input_ids)
-                geometry = media_geometry(images, videos, limits.apply(self.vision))
-                tokens = self._tokenize(sample, geometry)
-        return PreparedSample.derive_from(
-            sample,
-            input_ids=torch.from_numpy(tokens.input_ids),
-            labels=torch.from_numpy(tokens.labels),
-            loss_mask=torch.from_numpy(tokens.loss_mask),
-            images=sample.images,
-            videos=sample.videos,
-            image_grid_thw=None if geometry.image_grid_thw is None else torch.from_numpy(geometry.image_grid_thw),
-            video_grid_thw=None if geometry.video_grid_thw is None else torch.from_numpy(geometry.video_grid_thw),
-            second_per_grid_ts=list(geometry.second_per_grid_ts) or None,
-            video_timings=list(geometry.timings) or None,
-            image_max_pixels=None if limits is None else limits.image_max_pixels,
-            video_max_frames=None if limits is None else limits.max_frames,
-            tokens_before_shrink=tokens_before_shrink,
-        )
-
-    def _tokenize(self, sample: QwenVLChatSample, geometry: MediaGeometry) -> TokenizedConversation:
-        return tokenize_conversation(
-            self.processor,
-            sample.conversation,
-            image_grid_thw=geometry.image_grid_thw,
-            video_grid_thw=geometry.video_grid_thw,
-            videos=geometry.timings,
-            markers=self.markers,
-        )
+            return PreparedSample.skipped(sample, err)
+        return PreparedSample.derive_from(sample, images=sample.images, videos=sample.videos, **vars(prepared))
 
     def _fits_row(self, num_tokens: int, geometry: MediaGeometry) -> bool:
         """Whether a sample of ``num_tokens`` tokens with this media geometry fits one row (width,
@@ -157,77 +142,21 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             budget is None or geometry.vision_patches <= budget
         )
 
-    def _shrink_limits(
-        self, images: list[ImageInfo], videos: list[VideoInfo], geometry: MediaGeometry, num_tokens: int
-    ) -> MediaLimits | None:
-        """The largest per-sample media limits under which the sample fits one row (None: none does).
-
-        Only the placeholder expansions change with the limits, so a candidate's token count is
-        ``num_tokens`` less the current expansions plus the candidate's (`placeholder_token_count`).
-        """
-
-        def expansion(candidate: MediaGeometry) -> int:
-            return placeholder_token_count(
-                self.processor,
-                image_grid_thw=candidate.image_grid_thw,
-                video_grid_thw=candidate.video_grid_thw,
-                videos=candidate.timings,
-            )
-
-        text_tokens = num_tokens - expansion(geometry)
-        return shrink_limits(
-            images, videos, self.vision, fits=lambda candidate: self._fits_row(text_tokens + expansion(candidate), candidate)
-        )
-
     # --- postencode: pixels and rope positions, only for emitted bins ---------------------
 
     @stateless
     def postencode_sample(self, sample: PreparedSample, slots: PixelSlots | None = None) -> EncodedSample:
         """Decode and patchify the media of ``sample`` (into ``slots`` of its row's payload when
         given, see :meth:`allocate_row_pixels`); raises ``BadSampleError`` on bad media."""
-        slots = slots or PixelSlots()
-        pixel_values = pixel_values_videos = None
-        if sample.images:
-            pixel_values = image_pixels(
-                self.processor,
-                sample.images,
-                sample.image_grid_thw.numpy(),
-                uint8=self.uint8_pixels,
-                max_pixels=sample.image_max_pixels,
-                out=slots.images,
-            )
-        if sample.videos:
-            pixel_values_videos = video_pixels(
-                self.processor,
-                sample.videos,
-                sample.video_timings,
-                sample.video_grid_thw.numpy(),
-                uint8=self.uint8_pixels,
-                out=slots.videos,
-            )
-        seconds = None if sample.second_per_grid_ts is None else torch.tensor(sample.second_per_grid_ts, dtype=torch.float32)
-        mrope = mrope_position_ids(
-            sample.input_ids,
-            spec=self.rope_spec,
-            image_grid_thw=sample.image_grid_thw,
-            video_grid_thw=sample.video_grid_thw,
-            second_per_grid_ts=seconds,
-        )
-        visual = VisualInputs(
-            pixel_values=pixel_values,
-            image_grid_thw=sample.image_grid_thw,
-            pixel_values_videos=pixel_values_videos,
-            video_grid_thw=sample.video_grid_thw,
-            second_per_grid_ts=seconds if self.rope_spec.family == "qwen2.5-vl" else None,
-            **(self._normalisation_constants() if self.uint8_pixels and (sample.images or sample.videos) else {}),
-        )
+        prepared = PreparedChat(**{f.name: getattr(sample, f.name) for f in fields(PreparedChat)})
+        encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots)
         segment = PackedSegment(
             key=sample.__key__,
             input_ids=sample.input_ids,
             labels=sample.labels,
             loss_mask=sample.loss_mask,
-            mrope_position_ids=mrope,
-            visual=visual,
+            mrope_position_ids=encoded.mrope_position_ids,
+            visual=encoded.visual,
             subflavors=sample.__subflavors__,
         )
         return EncodedSample.derive_from(sample, segment=segment)
@@ -240,17 +169,9 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             [sample.image_grid_thw for sample in samples],
             [sample.video_grid_thw for sample in samples],
             patch_dim=3 * vision.temporal_patch_size * vision.patch_size**2,
-            dtype=torch.uint8 if self.uint8_pixels else torch.float32,
+            dtype=torch.uint8 if self.chat.uint8_pixels else torch.float32,
             shared=in_loader_worker(),
         )
-
-    def _normalisation_constants(self) -> dict[str, Any]:
-        processor = self.processor.image_processor
-        return {
-            "image_mean": tuple(float(v) for v in processor.image_mean),
-            "image_std": tuple(float(v) for v in processor.image_std),
-            "rescale_factor": float(processor.rescale_factor),
-        }
 
     # --- rows ----------------------------------------------------------------------------
 
@@ -307,8 +228,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
     def _member_problem(self, sample: PreparedSample) -> BadSampleError | None:
         """Why a member of a fixed row cannot be postencoded (skip marker, misfit), else None."""
         if sample.skip_reason is not None:
-            reason, _, detail = sample.skip_reason.partition(": ")
-            problem = BadSampleError(reason, detail)
+            problem = BadSampleError(sample.skip_reason, sample.skip_detail)
         else:
             problem = sample_misfit(sample, self.budget, self.config.row, self.config.policy)
         if problem is not None:
@@ -321,6 +241,26 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         out["row_cost"] = row.row_cost
         out["__restore_key__"] = row.__restore_key__
         return out
+
+    def build_train_datasets(
+        self,
+        *,
+        datasets: list[Any],
+        worker_config: WorkerConfig,
+        blend_mode: DatasetBlendMode = DatasetBlendMode.NONE,
+        repeat: bool = True,
+        **kwargs: Any,
+    ) -> SavableDataset[dict]:
+        """Energon's, refusing a weighted blend read as one finite epoch with a ValueError and its fix
+        (a weighted blend samples datasets forever; Energon would stop on an assertion)."""
+        if blend_mode == DatasetBlendMode.DATASET_WEIGHT and not repeat:
+            raise WeightedBlendWithoutRepeatError(
+                "a weighted metadataset blend cannot be read as one finite epoch (repeat=False); "
+                "fix: set repeat=True, or use blend_epochized with repetitions in the metadataset"
+            )
+        return super().build_train_datasets(
+            datasets=datasets, worker_config=worker_config, blend_mode=blend_mode, repeat=repeat, **kwargs
+        )
 
     def build_batch(
         self,

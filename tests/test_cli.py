@@ -57,6 +57,7 @@ def test_simulate_with_a_vision_budget_prints_both_rows(capsys):
     assert int(capped["FFD vis max"]) <= 20000
 
 
+@pytest.mark.slow
 def test_inspect_and_simulate_on_a_dataset(synthetic_dataset, capsys):
     assert main(["inspect", str(synthetic_dataset.out_dir)]) == 0
     values = table_values(capsys.readouterr().out)

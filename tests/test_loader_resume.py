@@ -11,6 +11,9 @@ import pytest
 from energon_pack.config import PackingConfig, ResumeMismatchError
 from energon_pack.loader import get_packing_loader
 
+# Slow: real Energon loaders (worker processes, whole epochs).
+pytestmark = pytest.mark.slow
+
 W = 4096
 EAGER = dict(checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
 ROW_TENSORS = (
@@ -76,7 +79,6 @@ def test_epoch_yields_every_key_once_minus_counted_skips(dataset, processor, all
     assert stats["fill"] > 0.5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("num_workers", "eager", "buffer"),
     [
@@ -103,7 +105,6 @@ def test_restore_continues_with_identical_rows(dataset, processor, num_workers, 
         assert [row_digest(row) for row in resumed] == reference[save_after:], f"save after row {save_after}"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_restore_per_data_parallel_rank(dataset, processor, all_keys, rank):
     config = make_config(2)
@@ -190,7 +191,6 @@ def test_decode_failures_are_counted_and_leave_no_holes(corrupt_dataset, process
         assert stats["fill_before_flush"] >= config.min_fill
 
 
-@pytest.mark.slow
 def test_restore_with_decode_failures(corrupt_dataset, processor):
     config = make_config(2, buffer_size=8)
     reference, _ = full_run(corrupt_dataset.out_dir, processor, config, **EAGER)

@@ -22,6 +22,9 @@ from energon_pack import PackingConfig, get_packing_loader
 from energon_pack.prepare import DATASET_YAML, prepare_dataset
 from energon_pack.synthetic import SyntheticSpec, make_records
 
+# Slow: real Energon loaders with worker processes.
+pytestmark = pytest.mark.slow
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SPEC = SyntheticSpec(max_image_side=256, max_video_seconds=2.0, max_video_side=64)
 #: name -> (samples, record seed, blend weight); names match configs/blend_metadataset.yaml.

@@ -32,6 +32,9 @@ from energon_pack.synthetic import encode_image, encode_video
 from energon_pack.task_encoder import QwenVLPackingTaskEncoder
 from tests.tiny_qwen import real_token_positions, thd_attention_bias, tiny_qwen25_vl
 
+# Slow: the model oracle: a tiny random-weight Qwen2.5-VL forward per case.
+pytestmark = pytest.mark.slow
+
 ATOL = 1e-4
 # Small pixel limits keep the video tokens few (the default video minimum is 100352 pixels/frame).
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 224 * 224

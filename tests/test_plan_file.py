@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from energon_pack.config import PackingConfig
-from energon_pack.errors import row_budget, sample_misfit
+from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.plan.build import UNMEASURED, Measurement, plan_measurement, webdataset_index
 from energon_pack.plan.file import PackPlan, PlanFormatError
 

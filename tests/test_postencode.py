@@ -272,7 +272,7 @@ def bad_media_dataset(tmp_path_factory) -> tuple[Path, set[str], dict[str, str]]
     order = np.random.default_rng(7).permutation(len(records))
     (raw / "records.jsonl").write_text("".join(json.dumps(records[i]) + "\n" for i in order), encoding="utf-8")
     report = prepare_dataset(raw / "records.jsonl", raw, root / "dataset", samples_per_shard=6, progress=False)
-    rejected = {p.record_id: p.reason for p in report.problems}
+    rejected = {p.record_id: str(p) for p in report.problems}
     assert set(rejected) == set(cut_videos) and all("corrupt_video: truncated" in r for r in rejected.values())
     assert report.written == len(records) - len(cut_videos), f"cut images must pass the header check: {report.problems}"
     return root / "dataset", good, bad
@@ -307,7 +307,7 @@ def _assert_rows_consistent(rows: Iterable[dict[str, Any]], processor: Any) -> N
             assert (0 if pixels is None else pixels.shape[0]) == patches, (row["__keys__"], patches)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_cut_media_are_counted_skips_and_the_loader_continues(bad_media_dataset, processor, num_workers):
     path, good, bad = bad_media_dataset
     rows, stats = _run_loader(path, processor, num_workers=num_workers)
@@ -348,7 +348,7 @@ def test_header_that_lies_is_a_media_mismatch(processor, monkeypatch, lie):
     image = encode_image(_pixels(5, 100, 140), "PNG", "RGB")
     video = encode_video(np.stack([_pixels(6, 64, 96)] * 20), fps=10)
     if lie == "image_size":
-        monkeypatch.setattr("energon_pack.task_encoder.probe_image", _lying_image_probe(image))
+        monkeypatch.setattr("energon_pack.qwen.encode.probe_image", _lying_image_probe(image))
         sample = _one_sample(images=[image])
     else:
         real = media.probe_video
@@ -357,7 +357,7 @@ def test_header_that_lies_is_a_media_mismatch(processor, monkeypatch, lie):
             if lie == "video_size"
             else {"num_frames": real(video).num_frames + 10}
         )
-        monkeypatch.setattr("energon_pack.task_encoder.probe_video", lambda data: replace(real(data), **changes))
+        monkeypatch.setattr("energon_pack.qwen.encode.probe_video", lambda data: replace(real(data), **changes))
         sample = _one_sample(videos=[video])
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
     prepared = encoder.preencode_sample(sample)
@@ -372,7 +372,7 @@ def test_lying_header_never_reaches_a_row(bad_media_dataset, processor, monkeypa
     path, good, bad = bad_media_dataset
     liar = next(f for f in sorted((path.parent / "raw").glob("good*")) if f.suffix in (".png", ".jpg"))
     liar_key, liar_bytes = liar.stem, liar.read_bytes()
-    monkeypatch.setattr("energon_pack.task_encoder.probe_image", _lying_image_probe(liar_bytes))
+    monkeypatch.setattr("energon_pack.qwen.encode.probe_image", _lying_image_probe(liar_bytes))
     rows, stats = _run_loader(path, processor, num_workers=0)
     assert sorted(_row_keys(rows)) == sorted(good - {liar_key})
     assert stats["skipped"].get("media_mismatch", 0) == list(bad.values()).count("media_mismatch") + 1

@@ -71,7 +71,7 @@ def test_problems_are_reported_by_line_and_skipped(raw: Path):
     )
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_dataset_loads_with_energon_and_media_bytes_are_exact(raw: Path, num_workers: int):
     prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False, samples_per_shard=2)
     samples = _load_all(raw / "out", num_workers)
@@ -214,7 +214,7 @@ def test_media_in_an_assistant_turn_is_reported_unless_allowed(raw: Path):
     (raw / "assistant.jsonl").write_text(json.dumps({"id": "t", "messages": _chat()}) + "\n" + json.dumps(drawn) + "\n")
     report = prepare_dataset(raw / "assistant.jsonl", raw / "media", raw / "ds", progress=False)
     assert [(p.line, p.reason.split(":")[0]) for p in report.problems] == [(2, "media_in_assistant_turn")]
-    assert "--allow-assistant-media" in report.problems[0].reason
+    assert "--allow-assistant-media" in report.problems[0].detail
     report = prepare_dataset(raw / "assistant.jsonl", raw / "media", raw / "ds", progress=False, allow_assistant_media=True)
     assert report.problems == [] and report.written == 2
     args = ["prepare", str(raw / "assistant.jsonl"), "--media-root", str(raw / "media"), "--out", str(raw / "cli")]

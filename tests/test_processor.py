@@ -106,13 +106,13 @@ def test_load_processor_from_a_saved_directory(processor, tmp_path):
 def test_rope_constants_come_from_the_model_config_next_to_the_processor(processor, tmp_path):
     from transformers import Qwen2_5_VLConfig
 
-    from energon_pack.task_encoder import default_rope_spec
+    from energon_pack.qwen.rope import RopeSpec
 
-    assert default_rope_spec(processor).tokens_per_second == 2
+    assert RopeSpec.from_processor(processor).tokens_per_second == 2
     processor.save_pretrained(tmp_path)
     assert load_processor(tmp_path).energon_pack_model_config is None
     Qwen2_5_VLConfig(vision_config={"tokens_per_second": 4}).save_pretrained(tmp_path)
-    spec = default_rope_spec(load_processor(tmp_path))
+    spec = RopeSpec.from_processor(load_processor(tmp_path))
     assert spec.family == "qwen2.5-vl" and spec.tokens_per_second == 4
 
 

@@ -1,8 +1,9 @@
 """Packing simulator: our round-based selector against first-fit-decreasing per buffer.
 
-Runs the packing rounds exactly as the savable wrapper does (fill a buffer of
-``buffer_size`` new samples, or of new samples holding ``buffer_tokens`` tokens, run a
-round, carry the pending groups, flush at the end of the stream) on a list of samples (token lengths, or `MixSample`s
+Drives the packing stage's own round planner (``packing/planner.py``) with the stage's
+loop (fill a buffer of ``buffer_size`` new samples, or of new samples holding
+``buffer_tokens`` tokens, run a round, carry the pending groups, flush at the end of
+the stream) on a list of samples (token lengths, or `MixSample`s
 that also carry vision patches and media counts), and measures fill
 (real tokens / (rows * W)), vision patches per row, rows and waiting time.
 No Energon, no torch.
@@ -12,19 +13,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from energon_pack.alignment import aligned_length
-from energon_pack.packing.algorithms import (
-    PackItem,
-    RoundResult,
-    RoundSize,
-    RowBudget,
-    first_fit_decreasing,
-    select_bins,
-)
+from energon_pack.packing.algorithms import PackItem, RoundSize, RowBudget, first_fit_decreasing
+from energon_pack.packing.planner import PlannedRound, RoundPlanner
 from energon_pack.tables import format_table as format_text_table
 
 __all__ = [
@@ -172,13 +167,11 @@ def percentile(values: Sequence[int], q: float) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PackingRound:
-    """One round of :func:`iter_rounds`: its index, candidates, flush flag and result."""
+class PackingRound(PlannedRound):
+    """One round of :func:`iter_rounds` and the rows emitted right after it (its ready bins,
+    less samples that failed to decode; a bin that lost one may go back to pending instead)."""
 
-    index: int
-    candidates: list[PackItem]
-    flush: bool
-    result: RoundResult
+    rows: list[list[PackItem]]
 
 
 def iter_rounds(
@@ -192,57 +185,53 @@ def iter_rounds(
     max_segments: int | None = None,
     max_vision_patches: int | None = None,
     max_media: int | None = None,
+    decode_failures: Collection[int] = (),
 ) -> Iterator[PackingRound]:
-    """Drive :func:`select_bins` over a stream as the wrapper does.
+    """Drive the packing stage's round planner (:class:`RoundPlanner`) over a stream, with the
+    stage's loop: read until ``buffer_size`` new samples arrived (or, with ``buffer_tokens``
+    instead, until the new samples hold at least that many aligned slots), run a round on them
+    plus the pending groups, emit the ready bins; after the stream a flush round emits
+    everything left.
 
-    Every ``buffer_size`` new samples (or, with ``buffer_tokens`` instead, once
-    the new samples hold at least that many aligned slots) a round runs on the
-    new samples plus
-    the pending groups; after the stream a flush round runs on the leftover
-    partial buffer plus the pending groups (if any) and emits everything.
-    Sample ``i`` gets index ``i``; a sample is its aligned length in slots,
-    or a `MixSample` whose ``tokens`` are that aligned length.
+    Sample ``i`` gets arrival index ``i``; a sample is its aligned length in slots, or a
+    `MixSample` whose ``tokens`` are that aligned length. Samples whose index is in
+    ``decode_failures`` fail at decode time, as a corrupt image does in the stage.
 
     Example: aligned lengths ``[6, 4, 3]``, capacity 10, buffer 2 -> round 0
     emits ``[#0, #1]``; flush round 1 emits ``[#2]``.
     """
-    round_size = RoundSize(samples=buffer_size, tokens=buffer_tokens)
-    pending: list[PackItem] = []
-    new: list[PackItem] = []
-    round_index = 0
+    planner = RoundPlanner(
+        budget=RowBudget(tokens=capacity, segments=max_segments, vision_patches=max_vision_patches, media=max_media),
+        round_size=RoundSize(samples=buffer_size, tokens=buffer_tokens),
+        min_fill=min_fill,
+        max_wait_rounds=max_wait_rounds,
+    )
+    source = iter(_mix_samples(aligned_lengths))
+    while True:
+        if not planner.exhausted:
+            while planner.wants_samples():
+                sample = next(source, None)
+                if sample is None:
+                    planner.end_of_source()
+                    break
+                planner.admit(sample.tokens, vision=sample.vision_patches, media=sample.media)
+        elif planner.is_empty():
+            return
+        planned = planner.run_round()
+        rows = _emit(planner, decode_failures)
+        if planned.candidates:
+            yield PackingRound(**vars(planned), rows=rows)
 
-    def run(flush: bool) -> PackingRound:
-        candidates = pending + new
-        result = select_bins(
-            candidates,
-            capacity=capacity,
-            round_index=round_index,
-            min_fill=min_fill,
-            max_wait_rounds=max_wait_rounds,
-            max_segments=max_segments,
-            max_vision_patches=max_vision_patches,
-            max_media=max_media,
-            flush=flush,
-        )
-        pending[:] = [it for group in result.pending for it in group]
-        new.clear()
-        return PackingRound(index=round_index, candidates=candidates, flush=flush, result=result)
 
-    for i, sample in enumerate(_mix_samples(aligned_lengths)):
-        new.append(
-            PackItem(
-                index=i,
-                length=sample.tokens,
-                arrival_round=round_index,
-                vision=sample.vision_patches,
-                media=sample.media,
-            )
-        )
-        if round_size.is_full(len(new), sum(it.length for it in new)):
-            yield run(flush=False)
-            round_index += 1
-    if pending or new:
-        yield run(flush=True)
+def _emit(planner: RoundPlanner, decode_failures: Collection[int]) -> list[list[PackItem]]:
+    """Take every ready bin, as the stage does: failed samples dropped, a bin that lost one
+    back to pending while it may wait, otherwise emitted with the rest."""
+    rows = []
+    while (group := planner.take_bin()) is not None:
+        kept = [item for item in group if item.index not in decode_failures]
+        if kept and (len(kept) == len(group) or not planner.repend(kept)):
+            rows.append(kept)
+    return rows
 
 
 def simulate_stream(
@@ -275,9 +264,8 @@ def simulate_stream(
         max_vision_patches=max_vision_patches,
         max_media=max_media,
     ):
-        emitted = packing_round.result.emitted
-        rows.extend(emitted)
-        waits.extend(packing_round.index - it.arrival_round for b in emitted for it in b)
+        rows.extend(packing_round.rows)
+        waits.extend(packing_round.index - it.arrival_round for b in packing_round.rows for it in b)
     vision = [sum(it.vision for it in row) for row in rows]
     return _result(kept, skipped, vision, seq_length, waits)
 

@@ -1,22 +1,24 @@
-"""The savable Energon packing stage: reading buffer, pending groups, ready bins, exact resume.
+"""The savable Energon packing stage: one buffer of samples, the round planner, exact resume.
 
 Energon's own ``PackingDataset`` drops every sample its selector does not return and cannot
 carry under-filled bins across rounds, so this stage replaces it. Per worker it
 
-1. admits prepared samples into the reading buffer (bad-sample markers and samples that fit
-   no row, being overlong or over a per-row vision budget on their own, are counted and
-   dropped, never buffered);
+1. admits prepared samples (bad-sample markers and samples that fit no row, being overlong or
+   over a per-row vision budget on their own, are counted and dropped, never buffered): each
+   gets an arrival index from the round planner and waits in one buffer of samples by arrival
+   index;
 2. when ``buffer_size`` new samples (or new samples holding ``buffer_tokens`` aligned tokens)
-   have arrived, or the stream ended, runs one selection
-   round over new + pending samples (``select_bins``, within the row's width and vision
-   budgets): full bins and bins holding a sample that waited ``max_wait_rounds`` rounds
-   become ready, the rest stays pending;
-3. pops one ready bin at a time, postencodes only its samples (pixels), packs them and yields
-   the row. At the end of a finite stream everything pending is flushed.
+   have arrived, or the stream ended, lets the planner
+   (``packing/planner.py``) run one selection round over new + pending samples, within the
+   row's width and vision budgets: full bins and bins holding a sample that waited
+   ``max_wait_rounds`` rounds become ready, the rest stays pending;
+3. takes one ready bin at a time, postencodes only its samples (pixels), packs them and yields
+   the row. A bin that loses a sample at decode time goes back to pending while it may wait.
+   At the end of a finite stream everything is flushed.
 
-All state lives in ``_savable_fields``: buffers as restore keys, plain lists/ints and
-``SampleIndex`` counters; state is mutated only between yields, and a bin is popped before
-its row is yielded.
+All state lives in ``_savable_fields``: the sample buffer as restore keys, the planner's plain
+state, the statistics and ``SampleIndex`` counters; state is mutated only between yields, and a
+bin is taken from the planner before its row is yielded.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from megatron.energon.flavors.base_dataset import (
@@ -39,36 +41,82 @@ from megatron.energon.wrappers.base import (
     SampleIndex,
     get_sample_restore_key,
 )
-from megatron.energon.wrappers.buffer import SavableSampleBuffer
 
+from energon_pack.alignment import aligned_length
 from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
-from energon_pack.alignment import aligned_length
-from energon_pack.errors import BadSampleError, row_budget, sample_misfit
-from energon_pack.packing.algorithms import PackItem, RoundSize, select_bins
+from energon_pack.errors import BadSampleError
+from energon_pack.packing.algorithms import RoundSize
+from energon_pack.packing.budget import row_budget, sample_misfit
+from energon_pack.packing.planner import RoundPlanner
 from energon_pack.stats import STATS_PUBLISH_INTERVAL_S, PackingStats, publish_snapshot, worker_telemetry
 from energon_pack.thd import row_width
 
 logger = logging.getLogger(__name__)
 
 
+class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
+    """The stage's buffered samples by arrival index; saved as Energon restore keys and re-read
+    from the source when a restored worker starts (``worker_start``)."""
+
+    _savable_fields = ("_restore_keys",)
+
+    def __init__(self, dataset: SavableDataset[PreparedSample], *, worker_config: WorkerConfig) -> None:
+        super().__init__(dataset, worker_config=worker_config)
+        self._restore_pending = False
+        self.reset_state_own()
+
+    def reset_state_own(self) -> None:
+        self._samples: dict[int, PreparedSample] = {}
+        self._restore_keys: dict[int, tuple[Any, ...]] = {}
+
+    def worker_start(self) -> None:
+        """Re-read the samples of a restored state (once)."""
+        if self._restore_pending:
+            self._restore_pending = False
+            self._samples = {index: self.restore_sample(key) for index, key in self._restore_keys.items()}
+
+    def put(self, index: int, sample: PreparedSample) -> None:
+        """Hold ``sample`` under arrival index ``index``."""
+        self._samples[index] = sample
+        self._restore_keys[index] = get_sample_restore_key(sample)
+
+    def pop(self, index: int) -> PreparedSample:
+        """Remove and return the sample of arrival index ``index``."""
+        del self._restore_keys[index]
+        return self._samples.pop(index)
+
+    def __iter__(self) -> Iterator[PreparedSample]:
+        """The buffered samples in arrival order."""
+        return iter([self._samples[index] for index in sorted(self._samples)])
+
+    def nbytes(self) -> Iterator[int]:
+        """Bytes held by each buffered sample."""
+        return (sample.nbytes() for sample in self._samples.values())
+
+    def len_worker(self, worker_idx: int | None = None) -> int:
+        return len(self._restore_keys)
+
+    def save_state(self) -> FlexState:
+        # Own state only: the wrapped dataset is saved by the stage's other fields.
+        return SavableDataset.save_state(self)
+
+    def restore_state(self, state: FlexState) -> None:
+        SavableDataset.restore_state(self, state)
+        self._restore_pending = True
+
+    def config(self) -> dict[str, Any]:
+        return {"type": type(self).__qualname__, "dataset": self.dataset.config()}
+
+
 class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     """Packs prepared samples into fixed-width rows, carrying under-filled bins across rounds."""
 
-    _reading_buffer: SavableSampleBuffer
-    _pending_buffer: SavableSampleBuffer
-    _ready_buffer: SavableSampleBuffer
+    _samples: ArrivalBuffer
 
     _savable_fields = (
-        "_reading_buffer",
-        "_pending_buffer",
-        "_pending_items",
-        "_ready_buffer",
-        "_ready_items",
-        "_ready_sizes",
-        "_next_index",
-        "_round_index",
-        "_source_exhausted",
+        "_samples",
+        "_plan",
         "_stats",
         "_encode_index",
         "_pack_index",
@@ -93,8 +141,6 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self.policy = policy
         #: What one row may hold: width, segments, vision patches, media.
         self.budget = row_budget(row, policy)
-        #: When a round runs: after buffer_size new samples or buffer_tokens new aligned tokens.
-        self._round_size = RoundSize(samples=policy.buffer_size, tokens=policy.buffer_tokens)
         #: ``postencode(sample)``, or ``postencode(sample, slot)`` with ``allocate_pixels``.
         self.postencode = postencode
         self.pack = pack
@@ -107,22 +153,25 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
-        self._reading_buffer = SavableSampleBuffer(self.dataset, worker_config=self.worker_config)
-        self._pending_buffer = SavableSampleBuffer(self.dataset, worker_config=self.worker_config)
-        #: (arrival index, arrival round) of each pending sample, parallel to _pending_buffer.
-        self._pending_items: list[tuple[int, int]] = []
-        self._ready_buffer = SavableSampleBuffer(self.dataset, worker_config=self.worker_config)
-        #: (arrival index, arrival round) of each ready sample, parallel to _ready_buffer.
-        self._ready_items: list[tuple[int, int]] = []
-        #: Sizes of the ready bins stored back to back in _ready_buffer.
-        self._ready_sizes: list[int] = []
-        self._next_index = 0
-        self._round_index = 0
-        #: The source ended (finite stream): only flush what is buffered, never read it again.
-        self._source_exhausted = False
+        self._samples = ArrivalBuffer(self.dataset, worker_config=self.worker_config)
+        self._planner = RoundPlanner(
+            budget=self.budget,
+            round_size=RoundSize(samples=self.policy.buffer_size, tokens=self.policy.buffer_tokens),
+            min_fill=self.policy.min_fill,
+            max_wait_rounds=self.policy.max_wait_rounds,
+        )
         self._stats = PackingStats()
         self._encode_index = SampleIndex(self.worker_config, src=self)
         self._pack_index = SampleIndex(self.worker_config, src=self)
+
+    @property
+    def _plan(self) -> dict[str, Any]:
+        """The planner's state as plain data (a savable field)."""
+        return self._planner.state()
+
+    @_plan.setter
+    def _plan(self, state: dict[str, Any]) -> None:
+        self._planner.restore(state)
 
     def restore_state(self, state: FlexState) -> None:
         super().restore_state(state)
@@ -135,8 +184,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     # --- stream -------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[PackedRow]:
-        for buffer in (self._reading_buffer, self._pending_buffer, self._ready_buffer):
-            buffer.worker_start()
+        self._samples.worker_start()
         restored, self._restored = self._restored, False
         self._stats.worker_id = self.worker_config.rank_worker_id()
         self._publish_stats(force=True)
@@ -146,50 +194,43 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             self._publish_stats(force=True)
 
     def _stream(self, restored: bool) -> Iterator[PackedRow]:
-        if self._source_exhausted and not self._has_buffered():
+        planner = self._planner
+        if planner.exhausted and planner.is_empty():
             # A finished epoch. Restored from such a state, the worker is done (this also stops
             # Energon 7.4.1 from replaying a finished worker's share); otherwise start anew.
-            self._source_exhausted = False
+            planner.exhausted = False
             if restored:
                 return
-        source = None if self._source_exhausted else iter(self.dataset)
+        source = None if planner.exhausted else iter(self.dataset)
         while True:
             yield from self._emit_ready()
-            if not self._source_exhausted:
+            if not planner.exhausted:
                 assert source is not None
-                self._fill_reading_buffer(source)
-            elif not self._has_buffered():
+                self._read(source)
+            elif planner.is_empty():
                 return
-            self._run_round(flush=self._source_exhausted)
+            self._run_round()
 
-    def _has_buffered(self) -> bool:
-        return bool(self._reading_buffer.buffer or self._pending_items or self._ready_sizes)
-
-    def _fill_reading_buffer(self, source: Iterator[PreparedSample]) -> None:
+    def _read(self, source: Iterator[PreparedSample]) -> None:
         """Admit samples until the new ones fill a round (``buffer_size`` samples or
         ``buffer_tokens`` aligned tokens) or the source ends."""
-        reading = self._reading_buffer.buffer
-        tokens = sum(self._slots(sample) for sample in reading)
-        while not self._round_size.is_full(len(reading), tokens):
+        while self._planner.wants_samples():
             try:
                 sample = next(source)
             except StopIteration:
-                self._source_exhausted = True
+                self._planner.end_of_source()
                 return
-            buffered = len(reading)
             self._admit(sample)
-            if len(reading) > buffered:
-                tokens += self._slots(sample)
 
     def _admit(self, sample: PreparedSample) -> None:
         """Count ``sample``; buffer it unless it is a bad-sample marker or fits no row."""
         self._stats.samples_in += 1
         if sample.skip_reason is not None:
-            self._skip(sample, sample.skip_reason)
+            self._skip(sample, sample.skip_reason, sample.skip_detail)
             return
         misfit = sample_misfit(sample, self.budget, self.row, self.policy)
         if misfit is not None:
-            self._skip(sample, str(misfit))
+            self._skip(sample, misfit.reason, misfit.detail)
             return
         if sample.tokens_before_shrink is not None:
             self._stats.count_shrunk(sample.tokens_before_shrink, sample.num_tokens)
@@ -198,21 +239,27 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                 sample.__key__, sample.tokens_before_shrink, sample.num_tokens, sample.image_max_pixels,
                 sample.video_max_frames,
             )
-        self._reading_buffer.append(sample)
+        item = self._planner.admit(self._slots(sample), vision=sample.vision_patches, media=sample.num_media)
+        self._samples.put(item.index, sample)
 
-    def _skip(self, sample: Any, reason: str) -> None:
-        self._stats.count_skip(reason.split(":", 1)[0])
-        logger.warning("energon_pack: skipping sample %r: %s", getattr(sample, "__key__", None), reason)
+    def _slots(self, sample: PreparedSample) -> int:
+        return aligned_length(sample.num_tokens, self.row.pad_multiple)
+
+    def _skip(self, sample: Any, reason: str, detail: str | None) -> None:
+        self._stats.count_skip(reason)
+        logger.warning("energon_pack: skipping sample %r: %s: %s", getattr(sample, "__key__", None), reason, detail)
         self._publish_stats()
 
     def _telemetry_snapshot(self) -> dict[str, Any]:
         return {
             **self._stats.snapshot(),
-            **worker_telemetry(self._buffered_nbytes(), pending_samples=len(self._pending_items)),
+            **worker_telemetry(self._samples.nbytes(), pending_samples=len(self._planner.pending)),
         }
 
     def _publish_stats(self, snapshot: dict[str, Any] | None = None, *, force: bool = False) -> None:
-        """Write the statistics file when ``force``d or ``STATS_PUBLISH_INTERVAL_S`` after the last write."""
+        """Write this worker's statistics file when ``force``d (its iteration starts or ends, so
+        skips after its last row still reach ``loader.stats()``) or ``STATS_PUBLISH_INTERVAL_S``
+        after the last write."""
         if self.stats_dir is None:
             return
         now = time.monotonic()
@@ -220,98 +267,41 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             publish_snapshot(self.stats_dir, snapshot or self._telemetry_snapshot())
             self._published_at = now
 
-    def _run_round(self, *, flush: bool) -> None:
-        """Select bins over pending + new samples; ready bins move to the ready buffer."""
-        samples: dict[int, PreparedSample] = {}
-        candidates: list[PackItem] = []
-        for sample, (index, arrival) in zip(self._pending_buffer.buffer, self._pending_items):
-            samples[index] = sample
-            candidates.append(self._item(sample, index, arrival))
-        for sample in self._reading_buffer.buffer:
-            index = self._next_index
-            self._next_index += 1
-            samples[index] = sample
-            candidates.append(self._item(sample, index, self._round_index))
-        result = select_bins(
-            candidates,
-            capacity=self.budget.tokens,
-            round_index=self._round_index,
-            min_fill=self.policy.min_fill,
-            max_wait_rounds=self.policy.max_wait_rounds,
-            max_segments=self.budget.segments,
-            max_vision_patches=self.budget.vision_patches,
-            max_media=self.budget.media,
-            flush=flush,
-        )
-        self._reading_buffer.clear()
-        self._pending_buffer.clear()
-        self._pending_items = []
-        for group in result.pending:
-            for item in group:
-                self._pending_buffer.append(samples[item.index])
-                self._pending_items.append((item.index, item.arrival_round))
-        for group in result.emitted:
-            self._ready_buffer.extend([samples[item.index] for item in group])
-            self._ready_items.extend((item.index, item.arrival_round) for item in group)
-            self._ready_sizes.append(len(group))
-            waited = max(self._round_index - item.arrival_round for item in group)
+    def _run_round(self) -> None:
+        """One selection round; counts it and the longest wait among the bins it made ready."""
+        planned = self._planner.run_round()
+        for group in planned.result.emitted:
+            waited = max(planned.index - item.arrival_round for item in group)
             self._stats.max_wait_rounds_seen = max(self._stats.max_wait_rounds_seen, waited)
-        self._round_index += 1
         self._stats.rounds += 1
 
-    def _slots(self, sample: PreparedSample) -> int:
-        return aligned_length(sample.num_tokens, self.row.pad_multiple)
-
-    def _item(self, sample: PreparedSample, index: int, arrival_round: int) -> PackItem:
-        return PackItem(
-            index=index,
-            length=self._slots(sample),
-            arrival_round=arrival_round,
-            vision=sample.vision_patches,
-            media=sample.num_media,
-        )
-
     def _emit_ready(self) -> Iterator[PackedRow]:
-        while self._ready_sizes:
-            size = self._ready_sizes.pop(0)
-            group, items = self._ready_buffer.buffer[:size], self._ready_items[:size]
-            del self._ready_buffer[:size], self._ready_items[:size]
+        while (group := self._planner.take_bin()) is not None:
+            members = [(item, self._samples.pop(item.index)) for item in group]
             encoded, kept = [], []
-            for sample, item, slot in zip(group, items, self._pixel_slots(group)):
+            slots = self._pixel_slots([sample for _, sample in members])
+            for (item, sample), slot in zip(members, slots):
                 result = self._postencode_or_skip(sample, slot)
                 if result is not None:
                     encoded.append(result)
-                    kept.append((sample, item))
+                    kept.append((item, sample))
             if not encoded:
                 continue
-            if len(kept) < len(group) and self._can_wait(item for _, item in kept):
+            if len(kept) < len(members) and self._planner.repend([item for item, _ in kept]):
                 # A sample failed to decode: rather than emit a row with a hole, its bin mates
                 # go back to pending and are packed again next round.
-                for sample, item in kept:
-                    self._pending_buffer.append(sample)
-                    self._pending_items.append(item)
+                for item, sample in kept:
+                    self._samples.put(item.index, sample)
                 continue
-            member_keys = tuple(get_sample_restore_key(sample) for sample, _ in kept)
+            member_keys = tuple(get_sample_restore_key(sample) for _, sample in kept)
             with self._pack_index.ctx() as pack_index:
                 row = self.pack(encoded)
             cost = row.row_cost
             width = row_width([e.segment.length for e in encoded], self.row)
-            self._stats.count_row(cost["real_tokens"], width, len(encoded), flush=self._source_exhausted, cost=cost)
+            self._stats.count_row(cost["real_tokens"], width, len(encoded), flush=self._planner.exhausted, cost=cost)
             row.stats = self._telemetry_snapshot()
             self._publish_stats(row.stats)
             yield set_sample_restore_key(row, pack_index, *member_keys, src=self)
-
-    def _can_wait(self, items: Iterable[tuple[int, int]]) -> bool:
-        """Whether samples of a ready bin may go back to pending without waiting past the bound."""
-        if self._source_exhausted:
-            return False
-        # The bin came from round _round_index - 1; pending, a sample is next a candidate in
-        # round _round_index, where it is forced once it has waited max_wait_rounds.
-        return all(self._round_index - arrival <= self.policy.max_wait_rounds for _, arrival in items)
-
-    def _buffered_nbytes(self) -> Iterator[int]:
-        for buffer in (self._reading_buffer, self._pending_buffer, self._ready_buffer):
-            yield from (sample.nbytes() for sample in buffer.buffer)
 
     def _pixel_slots(self, group: list[PreparedSample]) -> list[Any]:
         """Each sample's slot in its row's pixel payload (None each without ``allocate_pixels``)."""
@@ -325,7 +315,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             with self._encode_index.ctx() as encode_index:
                 encoded = self._postencode(sample, slot)
         except BadSampleError as err:
-            self._skip(sample, str(err))
+            self._skip(sample, err.reason, err.detail)
             return None
         return add_sample_restore_key(encoded, encode_index, src=self)
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from energon_pack.config import PackingConfig
-from energon_pack.errors import sample_misfit
+from energon_pack.packing.budget import sample_misfit
 from energon_pack.packing.global_plan import plan_rows
 from energon_pack.plan.file import PackPlan
 
@@ -163,7 +163,7 @@ def _length_encoder(encoder: Any) -> Any:
             reason = prepared.skip_reason
             if reason is None:
                 misfit = sample_misfit(prepared, encoder.budget, encoder.config.row, encoder.config.policy)
-                reason = None if misfit is None else str(misfit)
+                reason = None if misfit is None else misfit.reason
             return SampleSize.derive_from(
                 sample,
                 index=webdataset_index(sample.__restore_key__),
@@ -201,7 +201,7 @@ def measure_split(
                     measurement.vision[index] = vision
                     measurement.media[index] = media
                 else:
-                    measurement.skipped[reason.split(":", 1)[0]] += 1
+                    measurement.skipped[reason] += 1
             bar.update(len(batch))
     return measurement
 
@@ -244,7 +244,7 @@ def build_plan(
     progress: bool = True,
 ) -> PackPlan:
     """Measure ``split`` of the dataset at ``path`` and plan its rows (``config.num_workers`` by default)."""
-    from energon_pack.loader import encoder_fingerprint
+    from energon_pack.task_encoder import encoder_fingerprint
     from energon_pack.task_encoder import QwenVLPackingTaskEncoder
 
     encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)

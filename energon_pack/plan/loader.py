@@ -61,7 +61,7 @@ def check_plan_matches(
 ) -> None:
     """Raise ``ResumeMismatchError`` naming every field where ``plan`` was built for something else
     (dataset shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
-    from energon_pack.loader import encoder_fingerprint
+    from energon_pack.task_encoder import encoder_fingerprint
 
     current = flat_fingerprint(plan_fingerprint(dataset_fingerprint(path, split), encoder_fingerprint(encoder), config))
     saved = flat_fingerprint(plan.fingerprint)
@@ -224,7 +224,7 @@ class PlanDataLoader:
             collate_fn=_identity,
             prefetch_factor=self.prefetch_factor if self.num_workers else None,
         )
-        from energon_pack.loader import frozen_gc
+        from energon_pack.workers import frozen_gc
 
         with frozen_gc():  # workers fork here: keep the parent's objects' pages shared (see frozen_gc)
             rows = iter(loader)

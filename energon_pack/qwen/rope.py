@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from energon_pack.qwen.family import FAMILIES, Family
+from energon_pack.qwen.family import FAMILIES, Family, processor_family
 from energon_pack.qwen.hf_release import qwen25_rope_whole_seconds
 
 _FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
@@ -39,6 +39,8 @@ _FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
     "qwen3_vl_moe": "qwen3-vl",
 }
 _TEXT, _IMAGE, _VIDEO = 0, 1, 2
+#: tokens_per_second of the released Qwen2.5-VL checkpoints (used when no model config is known).
+QWEN25_TOKENS_PER_SECOND = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +112,27 @@ class RopeSpec:
             tokens_per_second=vision.tokens_per_second if family == "qwen2.5-vl" else None,
             image_token_id=int(config.image_token_id),
             video_token_id=int(config.video_token_id),
+        )
+
+    @classmethod
+    def from_processor(cls, processor: Any) -> RopeSpec:
+        """Rope constants for a processor: from the model config ``load_processor(path)`` found
+        next to it, else from the processor itself (family, merge size, image/video token ids;
+        Qwen2.5-VL ``tokens_per_second`` = 2 as in the released checkpoints).
+
+        Example: ``RopeSpec.from_processor(load_processor())`` -> ``RopeSpec(family="qwen2.5-vl",
+        tokens_per_second=2, ...)``.
+        """
+        model_config = getattr(processor, "energon_pack_model_config", None)
+        if model_config is not None:
+            return cls.from_model_config(model_config)
+        family = processor_family(processor)
+        return cls(
+            family=family,
+            spatial_merge_size=int(processor.image_processor.merge_size),
+            tokens_per_second=QWEN25_TOKENS_PER_SECOND if family == "qwen2.5-vl" else None,
+            image_token_id=int(processor.image_token_id),
+            video_token_id=int(processor.video_token_id),
         )
 
 

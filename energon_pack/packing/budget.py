@@ -1,0 +1,68 @@
+"""What one packed row may hold, and which samples fit no row on their own.
+
+Used by the packing stage (a misfit is skipped, or raises with ``on_overlong="error"``), by
+``on_overlong="shrink"`` in preencode and by the global pack plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from energon_pack.alignment import aligned_length
+from energon_pack.config import PackingPolicy, RowLayout
+from energon_pack.errors import BadSampleError
+from energon_pack.packing.algorithms import RowBudget
+
+__all__ = ["row_budget", "sample_misfit"]
+
+
+def row_budget(row: RowLayout, policy: PackingPolicy) -> RowBudget:
+    """What one row may hold: width, segments, vision patches, media.
+
+    Example: ``row_budget(RowLayout(seq_length=8192), PackingPolicy(max_row_media=4))`` ->
+    ``RowBudget(tokens=8192, segments=None, vision_patches=None, media=4)``.
+    """
+    return RowBudget(
+        tokens=row.seq_length,
+        segments=row.max_segments,
+        vision_patches=policy.max_row_vision_patches,
+        media=policy.max_row_media,
+    )
+
+
+def sample_misfit(sample: Any, budget: RowBudget, row: RowLayout, policy: PackingPolicy) -> BadSampleError | None:
+    """The skip for a prepared ``sample`` that alone exceeds the row width or a vision budget, else None.
+
+    With ``policy.on_overlong == "error"`` a misfit raises ValueError (value, rule, fix) instead.
+    Example: 9000 tokens, W=8192 -> ``BadSampleError("overlong", "sample 'a' has 9000 tokens
+    (9000 slots aligned to 1) but seq_length is 8192")``.
+    """
+    for reason, detail, fix in _misfits(sample, budget, row):
+        if policy.on_overlong == "error":
+            raise ValueError(f"{detail}; rule: every sample must fit one row; fix: {fix}")
+        return BadSampleError(reason, detail)
+    return None
+
+
+def _misfits(sample: Any, budget: RowBudget, row: RowLayout) -> Iterator[tuple[str, str, str]]:
+    """(skip reason, detail, fix) for every limit of ``budget`` that ``sample`` alone exceeds."""
+    key = sample.__key__
+    slots = aligned_length(sample.num_tokens, row.pad_multiple)
+    if slots > budget.tokens:
+        yield (
+            "overlong",
+            f"sample {key!r} has {sample.num_tokens} tokens ({slots} slots aligned to {row.pad_multiple}) "
+            f"but seq_length is {budget.tokens}",
+            "raise seq_length, lower the processor's max_pixels / max_frames, or set on_overlong='skip' "
+            "(or 'shrink': lower them for that sample only)",
+        )
+    shrink = " (or 'shrink': lower the sample's pixels and frames until it fits)"
+    for reason, value, limit, name, what, fix in (
+        ("over_vision_budget", sample.vision_patches, budget.vision_patches, "max_row_vision_patches",
+         "vision patches", f"raise max_row_vision_patches, or set on_overlong='skip'{shrink}"),
+        ("over_media_budget", sample.num_media, budget.media, "max_row_media",
+         "images + videos", "raise max_row_media, or set on_overlong='skip'"),
+    ):
+        if limit is not None and value > limit:
+            yield reason, f"sample {key!r} has {value} {what} but {name} is {limit}", fix

@@ -1,0 +1,150 @@
+"""The round planner: what the packing stage does between reading a sample and emitting a row.
+
+Pure and savable (no Energon, no torch): it sees samples only as `PackItem`s (arrival index,
+aligned length, arrival round, vision patches, media) and decides
+
+1. when a round runs: once the new samples fill its :class:`RoundSize` (``buffer_size``
+   samples, or ``buffer_tokens`` aligned slots), or, after the source ended, on what is left
+   (a *flush* round, which emits everything);
+2. what a round does (:func:`select_bins` over pending + new items): full or forced bins
+   become *ready*, the rest stays *pending*;
+3. which ready bin is emitted next, and whether the members of a bin that lost a sample at
+   decode time may go back to pending (only while none would wait past ``max_wait_rounds``).
+
+The packing stage (``packing/wrapper.py``) drives it with real samples and the simulator
+(``packing/simulate.py``) with token lengths, with the same loop, so the fill the simulator
+reports is the fill the loader gets. ``state()`` / ``restore()`` save and set it as plain lists and ints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from energon_pack.packing.algorithms import PackItem, RoundResult, RoundSize, RowBudget, select_bins
+
+__all__ = ["PlannedRound", "RoundPlanner"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedRound:
+    """One round: its index, its candidates (pending first, then new), flush flag and result."""
+
+    index: int
+    candidates: list[PackItem]
+    flush: bool
+    result: RoundResult
+
+
+@dataclass(kw_only=True)
+class RoundPlanner:
+    """Read / round / emit decisions of one worker's packing stage (one instance per worker).
+
+    budget: what one row may hold (width W in slots, segments, vision patches, media).
+    round_size: new samples (or new aligned slots) per round; min_fill, max_wait_rounds: see
+    :func:`select_bins`.
+
+    Example (W=10, ``RoundSize(samples=2)``, min_fill 0.9): admit lengths 6 and 4 ->
+    ``wants_samples()`` is False; ``run_round()`` makes bin [#0, #1] ready; ``take_bin()``
+    returns it.
+    """
+
+    budget: RowBudget
+    round_size: RoundSize
+    min_fill: float
+    max_wait_rounds: int
+    #: Items admitted since the last round (the reading buffer), in arrival order.
+    new: list[PackItem] = field(default_factory=list)
+    #: Items of under-filled groups carried to the next round.
+    pending: list[PackItem] = field(default_factory=list)
+    #: Bins selected but not yet emitted, in emission order.
+    ready: list[list[PackItem]] = field(default_factory=list)
+    round_index: int = 0
+    next_index: int = 0
+    #: The source ended (finite stream): no more admissions, the next round flushes.
+    exhausted: bool = False
+
+    # --- reading --------------------------------------------------------------------------
+
+    def wants_samples(self) -> bool:
+        """Whether the new samples do not fill a round yet (and the source has not ended)."""
+        return not self.exhausted and not self.round_size.is_full(len(self.new), sum(item.length for item in self.new))
+
+    def admit(self, length: int, *, vision: int = 0, media: int = 0) -> PackItem:
+        """Register one arrival of ``length`` aligned slots; returns its item (next arrival index)."""
+        item = PackItem(self.next_index, length, self.round_index, vision=vision, media=media)
+        self.next_index += 1
+        self.new.append(item)
+        return item
+
+    def end_of_source(self) -> None:
+        """The source has no more samples: the next round is a flush round."""
+        self.exhausted = True
+
+    def is_empty(self) -> bool:
+        """Nothing new, pending or ready."""
+        return not (self.new or self.pending or self.ready)
+
+    # --- rounds ---------------------------------------------------------------------------
+
+    def run_round(self) -> PlannedRound:
+        """Select bins over pending + new items (flushing everything once the source ended)."""
+        candidates = self.pending + self.new
+        result = select_bins(
+            candidates,
+            capacity=self.budget.tokens,
+            round_index=self.round_index,
+            min_fill=self.min_fill,
+            max_wait_rounds=self.max_wait_rounds,
+            max_segments=self.budget.segments,
+            max_vision_patches=self.budget.vision_patches,
+            max_media=self.budget.media,
+            flush=self.exhausted,
+        )
+        planned = PlannedRound(index=self.round_index, candidates=candidates, flush=self.exhausted, result=result)
+        self.new = []
+        self.pending = [item for group in result.pending for item in group]
+        self.ready.extend(result.emitted)
+        self.round_index += 1
+        return planned
+
+    # --- emitting -------------------------------------------------------------------------
+
+    def take_bin(self) -> list[PackItem] | None:
+        """The next ready bin (removed from the plan), or None when none is ready."""
+        return self.ready.pop(0) if self.ready else None
+
+    def repend(self, items: list[PackItem]) -> bool:
+        """Put the members of a bin that lost a sample back to pending, when they may wait.
+
+        They may while the source has not ended and none has waited more than
+        ``max_wait_rounds`` by the next round (where it is forced). Returns whether they went back.
+        Example: max_wait_rounds 2, round_index 3, arrival rounds (1, 2) -> True; (0, 2) -> False.
+        """
+        if self.exhausted or any(self.round_index - item.arrival_round > self.max_wait_rounds for item in items):
+            return False
+        self.pending.extend(items)
+        return True
+
+    # --- state ----------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Plain, picklable state (items as tuples)."""
+        return {
+            "new": [dataclasses.astuple(item) for item in self.new],
+            "pending": [dataclasses.astuple(item) for item in self.pending],
+            "ready": [[dataclasses.astuple(item) for item in group] for group in self.ready],
+            "round_index": self.round_index,
+            "next_index": self.next_index,
+            "exhausted": self.exhausted,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Set the state saved by :meth:`state`."""
+        self.new = [PackItem(*item) for item in state["new"]]
+        self.pending = [PackItem(*item) for item in state["pending"]]
+        self.ready = [[PackItem(*item) for item in group] for group in state["ready"]]
+        self.round_index = state["round_index"]
+        self.next_index = state["next_index"]
+        self.exhausted = state["exhausted"]

@@ -1,0 +1,218 @@
+"""One Qwen-VL chat -> model inputs, in the two steps the packing pipeline needs.
+
+``QwenChatEncoder.prepare`` (preencode): token ids, labels, loss mask, patch grids and video
+frame sampling from the media *headers* only (no pixels), so a buffered sample stays cheap.
+``QwenChatEncoder.encode`` (postencode, only for samples of a row being emitted): decoded and
+patchified pixels, 3-D rope positions and the visual payload.
+
+Both equal what the Hugging Face processor gives for the same chat (docs/batch_contract.md).
+Bad media raise ``BadSampleError`` with a skip reason. No Energon here: the task encoder wraps
+the results into its sample types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
+from energon_pack.qwen.geometry import VisionSpec
+from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_image, probe_video
+from energon_pack.qwen.pixels import PixelSlots, image_pixels, video_pixels
+from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
+from energon_pack.qwen.template import (
+    ChatMarkers,
+    TokenizedConversation,
+    VideoTiming,
+    placeholder_token_count,
+    tokenize_conversation,
+)
+from energon_pack.visual import VisualInputs
+
+__all__ = ["EncodedChat", "PreparedChat", "QwenChatEncoder"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedChat:
+    """Tokens and media geometry of one chat (L tokens, n_img images, n_vid videos).
+
+    input_ids / labels int64 [L], loss_mask float32 [L]; image_grid_thw / video_grid_thw int64
+    [n, 3] patch grids (None without such media); video_timings: frame sampling per video;
+    second_per_grid_ts: seconds per temporal grid step per video (None without videos).
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    image_grid_thw: torch.Tensor | None
+    video_grid_thw: torch.Tensor | None
+    video_timings: list[VideoTiming] | None
+    second_per_grid_ts: list[float] | None
+    #: Per-sample limits a shrink set: pixels per image, frames sampled per video (None: the processor's).
+    image_max_pixels: int | None = None
+    video_max_frames: int | None = None
+    #: Token count before a shrink lowered those limits, else None.
+    tokens_before_shrink: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncodedChat:
+    """The pixel side of one chat: rope positions int64 [3, L] and the visual payload."""
+
+    mrope_position_ids: torch.Tensor
+    visual: VisualInputs
+
+
+class QwenChatEncoder:
+    """Preencode and postencode of Qwen-VL chats with one processor.
+
+    ``processor``: a Qwen-VL processor (its pixel limits decide grids and token counts);
+    ``rope_spec``: rope constants (``RopeSpec.from_processor(processor)`` when None);
+    ``uint8_pixels``: emit resized, patchified uint8 pixels and leave rescale/normalise to the
+    device (``VisualInputs.normalized_for_model``).
+    """
+
+    def __init__(self, processor: Any, *, rope_spec: RopeSpec | None = None, uint8_pixels: bool = False) -> None:
+        self.processor = processor
+        self.vision = VisionSpec.from_processor(processor)
+        self.rope_spec = rope_spec or RopeSpec.from_processor(processor)
+        self.markers = ChatMarkers.from_tokenizer(processor.tokenizer)
+        self.uint8_pixels = uint8_pixels
+
+    def prepare(
+        self,
+        conversation: Sequence[dict[str, Any]],
+        images: Sequence[bytes],
+        videos: Sequence[bytes],
+        *,
+        fits: Callable[[int, MediaGeometry], bool] | None = None,
+    ) -> PreparedChat:
+        """Tokens and grids from media headers: image sizes, video frame count/rate; no pixels decoded.
+
+        With ``fits`` (token count, media geometry -> whether the sample fits one row), a sample
+        that does not fit is shrunk: its image pixel budget, then its video frames, are lowered
+        to the largest setting that fits (``qwen.fit.shrink_limits``); left as it is when none does.
+        """
+        image_infos = [probe_image(data) for data in images]
+        video_infos = [probe_video(data) for data in videos]
+        geometry = media_geometry(image_infos, video_infos, self.vision)
+        tokens = self._tokenize(conversation, geometry)
+        limits = tokens_before_shrink = None
+        if fits is not None and not fits(len(tokens.input_ids), geometry):
+            limits = self._shrink_limits(image_infos, video_infos, geometry, len(tokens.input_ids), fits)
+            if limits is not None:
+                tokens_before_shrink = len(tokens.input_ids)
+                geometry = media_geometry(image_infos, video_infos, limits.apply(self.vision))
+                tokens = self._tokenize(conversation, geometry)
+        return PreparedChat(
+            input_ids=torch.from_numpy(tokens.input_ids),
+            labels=torch.from_numpy(tokens.labels),
+            loss_mask=torch.from_numpy(tokens.loss_mask),
+            image_grid_thw=None if geometry.image_grid_thw is None else torch.from_numpy(geometry.image_grid_thw),
+            video_grid_thw=None if geometry.video_grid_thw is None else torch.from_numpy(geometry.video_grid_thw),
+            video_timings=list(geometry.timings) or None,
+            second_per_grid_ts=list(geometry.second_per_grid_ts) or None,
+            image_max_pixels=None if limits is None else limits.image_max_pixels,
+            video_max_frames=None if limits is None else limits.max_frames,
+            tokens_before_shrink=tokens_before_shrink,
+        )
+
+    def _tokenize(self, conversation: Sequence[dict[str, Any]], geometry: MediaGeometry) -> TokenizedConversation:
+        return tokenize_conversation(
+            self.processor,
+            conversation,
+            image_grid_thw=geometry.image_grid_thw,
+            video_grid_thw=geometry.video_grid_thw,
+            videos=geometry.timings,
+            markers=self.markers,
+        )
+
+    def _shrink_limits(
+        self,
+        images: list[ImageInfo],
+        videos: list[VideoInfo],
+        geometry: MediaGeometry,
+        num_tokens: int,
+        fits: Callable[[int, MediaGeometry], bool],
+    ) -> MediaLimits | None:
+        """The largest per-sample media limits under which the sample fits (None: none does).
+
+        Only the placeholder expansions change with the limits, so a candidate's token count is
+        ``num_tokens`` less the current expansions plus the candidate's (`placeholder_token_count`).
+        """
+
+        def expansion(candidate: MediaGeometry) -> int:
+            return placeholder_token_count(
+                self.processor,
+                image_grid_thw=candidate.image_grid_thw,
+                video_grid_thw=candidate.video_grid_thw,
+                videos=candidate.timings,
+            )
+
+        text_tokens = num_tokens - expansion(geometry)
+        return shrink_limits(
+            images, videos, self.vision, fits=lambda candidate: fits(text_tokens + expansion(candidate), candidate)
+        )
+
+    def encode(
+        self,
+        prepared: PreparedChat,
+        images: Sequence[bytes],
+        videos: Sequence[bytes],
+        *,
+        slots: PixelSlots | None = None,
+    ) -> EncodedChat:
+        """Decode and patchify the media of a prepared chat, into ``slots`` of its row's pixel
+        payload when given; raises ``BadSampleError`` on bad media."""
+        slots = slots or PixelSlots()
+        pixel_values = pixel_values_videos = None
+        if images:
+            pixel_values = image_pixels(
+                self.processor,
+                images,
+                prepared.image_grid_thw.numpy(),
+                uint8=self.uint8_pixels,
+                max_pixels=prepared.image_max_pixels,
+                out=slots.images,
+            )
+        if videos:
+            pixel_values_videos = video_pixels(
+                self.processor,
+                videos,
+                prepared.video_timings,
+                prepared.video_grid_thw.numpy(),
+                uint8=self.uint8_pixels,
+                out=slots.videos,
+            )
+        seconds = (
+            None
+            if prepared.second_per_grid_ts is None
+            else torch.tensor(prepared.second_per_grid_ts, dtype=torch.float32)
+        )
+        mrope = mrope_position_ids(
+            prepared.input_ids,
+            spec=self.rope_spec,
+            image_grid_thw=prepared.image_grid_thw,
+            video_grid_thw=prepared.video_grid_thw,
+            second_per_grid_ts=seconds,
+        )
+        visual = VisualInputs(
+            pixel_values=pixel_values,
+            image_grid_thw=prepared.image_grid_thw,
+            pixel_values_videos=pixel_values_videos,
+            video_grid_thw=prepared.video_grid_thw,
+            second_per_grid_ts=seconds if self.rope_spec.family == "qwen2.5-vl" else None,
+            **(self._normalisation_constants() if self.uint8_pixels and (images or videos) else {}),
+        )
+        return EncodedChat(mrope_position_ids=mrope, visual=visual)
+
+    def _normalisation_constants(self) -> dict[str, Any]:
+        processor = self.processor.image_processor
+        return {
+            "image_mean": tuple(float(v) for v in processor.image_mean),
+            "image_std": tuple(float(v) for v in processor.image_std),
+            "rescale_factor": float(processor.rescale_factor),
+        }

@@ -439,6 +439,13 @@ def test_training_compat_lists_every_violation() -> None:
     assert message.count("\n  - ") == len(names)
 
 
+def test_in_batch_training_takes_micro_batches_of_k_samples() -> None:
+    config = PackingConfig(seq_length=8192, mode="in_batch", micro_batch_size=4, fixed_width=False)
+    check_training_compat(config, **PER_TOKEN, micro_batch_size=4)
+    with pytest.raises(ValueError, match="micro_batch_size=1: in mode 'in_batch'.*fix: set micro_batch_size=4"):
+        check_training_compat(config, **PER_TOKEN, micro_batch_size=1)
+
+
 def test_config_gbs_used_when_trainer_gives_none() -> None:
     config = PackingConfig(seq_length=8192, global_batch_size=8, topology=ParallelTopology(dp=4))
     check_training_compat(config, **PER_TOKEN)

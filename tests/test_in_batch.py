@@ -1,4 +1,5 @@
-"""In-batch rows (``mode="in_batch"``) through real Energon loaders: k samples per variable-width row."""
+"""Rows of variable width through real Energon loaders: in-batch rows (``mode="in_batch"``, k
+samples per row) and online rows with ``fixed_width=False``."""
 
 from __future__ import annotations
 
@@ -109,3 +110,16 @@ def test_decode_failures_leave_the_sample_out_and_are_counted(corrupt_dataset, p
     keys = [key for row in rows for key in row["__keys__"]]
     assert stats["skipped"].get("corrupt_image", 0) >= 1
     assert len(keys) + stats["skipped_total"] == corrupt_dataset.written == stats["samples_in"]
+
+
+def test_online_variable_width_rows_have_no_tail_and_count_their_width(dataset, processor):
+    config = PackingConfig(seq_length=2048, num_workers=0, repeat=False, fixed_width=False, width_multiple=64)
+    loader = get_packing_loader(dataset, config, processor)
+    widths = []
+    for row in loader:
+        lengths = (row["cu_seqlens_q"][1:] - row["cu_seqlens_q"][:-1]).tolist()
+        width = row["input_ids"].shape[1]
+        assert width == row["total_tokens"] == int(row["cu_seqlens_q_padded"][-1]) == row_width(lengths, config.row)
+        assert width % 64 == 0 and width - sum(lengths) < 64 and width <= 2048
+        widths.append(width)
+    assert loader.stats()["row_slots"] == sum(widths)

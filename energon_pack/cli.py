@@ -44,7 +44,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from energon_pack.bench import run_bench
+    from energon_pack.tools import run_bench
 
     return run_bench(args)
 

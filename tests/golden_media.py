@@ -1,4 +1,4 @@
-"""Shared test helper: a deterministic mix of Qwen-VL chat samples and the Hugging Face reference call.
+"""Shared test helper: a deterministic mix of Qwen-VL chat samples.
 
 ``golden_samples(n, seed, family=...)`` returns ``GoldenSample`` tuples ``(messages, images, videos)``:
 typed messages (see ``energon_pack.conversation``) with media parts in user turns, and the media
@@ -7,7 +7,7 @@ as compressed bytes. The mix covers text-only chats, 1-5 images per sample from 
 multiples of the family's resize factor), 1-20 s videos at 10-60 fps with small frames, system
 prompts and several rounds. Big images are rare so that Hugging Face processing stays fast.
 
-``hf_reference(processor, messages, images, videos)`` is the reference call of docs/batch_contract.md.
+The Hugging Face reference they are compared with is ``tests.hf_reference.hf_reference``.
 ``chat_sample(golden, key)`` wraps a golden sample as the ``QwenVLChatSample`` preencode consumes.
 """
 
@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import functools
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from energon_pack.bench import hf_processor_outputs
 from energon_pack.conversation import Message
 from energon_pack.samples import QwenVLChatSample
 from energon_pack.synthetic import IMAGE_KINDS, encode_image, encode_video
@@ -203,24 +202,4 @@ def chat_sample(golden: GoldenSample, key: str) -> QwenVLChatSample:
         conversation=golden.messages,
         images=list(golden.images),
         videos=list(golden.videos),
-    )
-
-
-def hf_reference(
-    processor: Any,
-    messages: list[Message],
-    images: list[bytes],
-    videos: list[bytes],
-    *,
-    image_max_pixels: int | None = None,
-    max_frames: int | None = None,
-) -> Any:
-    """The Hugging Face processor output for one chat, called exactly as docs/batch_contract.md says:
-    ``processor(text=[processor.apply_chat_template(messages)], images=[PIL images] or None,
-    videos=[PyAV rgb24 frames at the sampled indices], video_metadata=[VideoMetadata(T, fps_in,
-    indices)], do_sample_frames=False, return_tensors="pt")`` (``energon_pack.bench.hf_processor_outputs``);
-    per-sample limits (a shrunk sample) go into that call only: ``image_max_pixels`` as the image
-    size limit, ``max_frames`` into the frame sampling."""
-    return hf_processor_outputs(
-        processor, messages, images, videos, image_max_pixels=image_max_pixels, max_frames=max_frames
     )

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("Energon task encoder", ["task_encoder"]),
     ("pack plans", ["plan", "plan.*"]),
     ("loader", ["loader"]),
-    ("commands and tools", ["inspect_dataset", "demo", "simulate_cli", "bench", "tools", "tools.*", "cli"]),
+    ("commands and tools", ["inspect_dataset", "demo", "simulate_cli", "tools", "tools.*", "cli"]),
 ]
 #: Sub-packages that no import path may leave and re-enter.
 FOLDERS = ("packing", "plan", "qwen", "tools")

@@ -43,9 +43,9 @@ from tests.golden_media import (
     GoldenSample,
     chat_sample,
     golden_samples,
-    hf_reference,
     make_video,
 )
+from tests.hf_reference import hf_reference
 
 MIX_SIZE = 500
 MIX_SEED = 20251129

@@ -1,6 +1,6 @@
 """Preencode: exact token accounting from media headers, checked against the Hugging Face processor.
 
-The reference is ``tests.golden_media.hf_reference`` (docs/batch_contract.md). Loss targets are
+The reference is ``tests.hf_reference.hf_reference`` (docs/batch_contract.md). Loss targets are
 checked against assistant spans found here by decoding ChatML turns, a method independent of
 ``energon_pack.qwen.template``.
 """
@@ -33,10 +33,10 @@ from tests.golden_media import (
     GoldenSample,
     chat_sample,
     golden_samples,
-    hf_reference,
     make_image,
     make_video,
 )
+from tests.hf_reference import hf_reference
 
 #: Samples compared with the HF processor per family (>= 500 in all).
 GOLDEN_COUNTS = {"qwen2.5-vl": 300, "qwen3-vl": 200}
@@ -449,11 +449,12 @@ def test_preencode_equals_hf_processor_with_custom_limits(small_mix):
 def test_bench_preencode_reports_side_by_side(tmp_path, monkeypatch, capsys):
     import argparse
 
-    from energon_pack import bench
+    from energon_pack import tools
+    from energon_pack.tools import common
 
-    monkeypatch.setattr(bench, "BENCH_SPEC_KWARGS", dict(max_image_side=256, max_video_seconds=2.0, max_video_side=64))
-    monkeypatch.setattr(bench, "BENCHES", {"preencode": bench.bench_preencode})
-    assert bench.run_bench(argparse.Namespace(stage="all", samples=6, out=tmp_path)) == 0
+    monkeypatch.setattr(common, "BENCH_SPEC_KWARGS", dict(max_image_side=256, max_video_seconds=2.0, max_video_side=64))
+    monkeypatch.setattr(tools, "BENCHES", {"preencode": tools.bench_preencode})
+    assert tools.run_bench(argparse.Namespace(stage="all", samples=6, out=tmp_path)) == 0
     out = capsys.readouterr().out
     assert re.search(r"samples with identical input_ids +6/6 ", out), out
     assert "samples/s (higher is better)" in out and "MiB held per sample, mean" in out

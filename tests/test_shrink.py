@@ -23,7 +23,8 @@ from energon_pack.config import PackingConfig
 from energon_pack.encoded import PreparedSample
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.task_encoder import QwenVLPackingTaskEncoder
-from tests.golden_media import FAMILY_FACTORS, GoldenSample, chat_sample, hf_reference, make_image, make_video
+from tests.golden_media import FAMILY_FACTORS, GoldenSample, chat_sample, make_image, make_video
+from tests.hf_reference import hf_reference
 
 FAMILIES = ("qwen2.5-vl", "qwen3-vl")
 #: Row width per sample kind, as 1 / this share of the unshrunk token count: a third leaves room

@@ -1,0 +1,55 @@
+"""``energon-pack bench``: side-by-side speed and memory figures, measured in one run; tools
+apart from the library (nothing in ``energon_pack`` imports them).
+
+Each stage is a function ``(num_samples, work_dir) -> table rows`` registered in `BENCHES`, one
+module per benchmark; a row is ``{"what": ..., "ours": ..., "HF": ..., "ratio": ...}`` with
+``ratio = ours / HF``. Both sides run on the same samples, interleaved sample by sample, so the
+ratio holds on a noisy machine.
+
+- ``preencode`` (`bench_preencode`): preencode against the full Hugging Face processor call.
+- ``postencode`` (`bench_postencode`): postencode (float32 and uint8 payloads) against it.
+- ``loader`` (`bench_loader`): the whole packing loader against the processor-in-``encode_sample``
+  loader with Energon's own ``PackingDataset``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from energon_pack.tables import format_table
+from energon_pack.tools.bench_loader import bench_loader
+from energon_pack.tools.bench_postencode import bench_postencode
+from energon_pack.tools.bench_preencode import bench_preencode
+from energon_pack.tools.common import BenchRows
+
+__all__ = ["BENCHES", "STAGES", "TABLE_COLUMNS", "run_bench"]
+
+TABLE_COLUMNS = ("what", "ours", "HF", "ratio")
+
+#: Stage name -> benchmark.
+BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
+    "preencode": bench_preencode,
+    "postencode": bench_postencode,
+    "loader": bench_loader,
+}
+#: Stages of ``--stage all``, in run order.
+STAGES: tuple[str, ...] = ("preencode", "postencode", "loader")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run ``args.stage`` ("all" = every stage in `STAGES`) on ``args.samples`` samples; print one table per stage."""
+    from energon_pack.cache import cache_dir
+
+    work_dir = Path(args.out) if args.out is not None else cache_dir("bench")
+    stages = STAGES if args.stage == "all" else (args.stage,)
+    for stage in stages:
+        bench = BENCHES.get(stage)
+        if bench is None:
+            print(f"energon-pack bench --stage {stage}: not implemented yet")
+            continue
+        rows = bench(args.samples, work_dir)
+        print(f"\n{stage} ({args.samples} samples; ratio = ours / HF)")
+        print(format_table(rows, TABLE_COLUMNS))
+    return 0

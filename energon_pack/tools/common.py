@@ -1,0 +1,109 @@
+"""What the benchmarks share: the benchmark mix, its prepared dataset, and the baseline
+Hugging Face processor call that each benchmark measures our pipeline against."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from energon_pack.samples import QwenVLChatSample
+
+#: Image and video sizes of the benchmark mix: photo-sized images, short VGA-ish clips.
+BENCH_SPEC_KWARGS: dict[str, Any] = dict(max_image_side=4000, max_video_seconds=10.0, max_video_side=480)
+
+#: Table rows of one benchmark: ``{"what": ..., "ours": ..., "HF": ..., "ratio": ...}``.
+BenchRows = list[dict[str, Any]]
+
+
+def bench_samples(work_dir: Path, num_samples: int, *, seed: int = 0) -> list[QwenVLChatSample]:
+    """The benchmark mix (``energon_pack.synthetic`` records with big images), generated once under ``work_dir``.
+
+    Media are read back as compressed bytes into ``QwenVLChatSample`` objects (no Energon dataset).
+    """
+    from energon_pack.conversation import parse_record
+    from energon_pack.synthetic import SyntheticSpec, make_records
+
+    raw = Path(work_dir) / f"mix-{num_samples}-{seed}"
+    done = raw / ".complete"
+    if not done.exists():
+        print(f"generating {num_samples} benchmark samples in {raw} (once)")
+        make_records(raw, num_samples, seed=seed, spec=SyntheticSpec(**BENCH_SPEC_KWARGS))
+        done.touch()
+    samples = []
+    for line in (raw / "records.jsonl").read_text(encoding="utf-8").splitlines():
+        record = parse_record(json.loads(line))
+        samples.append(
+            QwenVLChatSample(
+                __key__=record.id,
+                __restore_key__=(),
+                __subflavors__=None,
+                __sources__=None,
+                conversation=record.messages,
+                images=[(raw / name).read_bytes() for name in record.images],
+                videos=[(raw / name).read_bytes() for name in record.videos],
+            )
+        )
+    return samples
+
+
+def bench_dataset(work_dir: Path, num_samples: int, *, seed: int = 0) -> Path:
+    """The benchmark mix of `bench_samples` prepared (once) as an Energon dataset; returns its path."""
+    from energon_pack.prepare import prepare_dataset
+
+    bench_samples(work_dir, num_samples, seed=seed)
+    raw = Path(work_dir) / f"mix-{num_samples}-{seed}"
+    out = Path(work_dir) / f"dataset-{num_samples}-{seed}"
+    if not (out / ".nv-meta" / "dataset.yaml").exists():
+        prepare_dataset(raw / "records.jsonl", raw, out, samples_per_shard=16, progress=False)
+    return out
+
+
+def hf_processor_outputs(
+    processor: Any,
+    messages: Sequence[dict],
+    images: Sequence[bytes],
+    videos: Sequence[bytes],
+) -> Any:
+    """The baseline: the Hugging Face processor output for one chat, called as docs/batch_contract.md says.
+
+    Images go in as opened PIL images; video frames are decoded with PyAV (rgb24) at the
+    frame indices of ``sample_frame_indices`` and passed with ``do_sample_frames=False`` and
+    their ``VideoMetadata``. Returns the processor's ``BatchFeature`` (tensors, batch of 1).
+    """
+    from PIL import Image
+
+    from energon_pack.qwen.geometry import VisionSpec, sample_frame_indices
+    from energon_pack.qwen.media import probe_video
+    from energon_pack.qwen.pixels import decode_video_frames
+    from energon_pack.qwen.template import VideoTiming
+
+    call_kwargs: dict[str, Any] = {}
+    if videos:
+        spec = VisionSpec.from_processor(processor)
+        frames, metadata = [], []
+        for data in videos:
+            info = probe_video(data)
+            timing = VideoTiming(
+                total_frames=info.num_frames,
+                fps=info.fps,
+                frame_indices=tuple(sample_frame_indices(info.num_frames, info.fps, spec)),
+            )
+            frames.append(decode_video_frames(data, timing.frame_indices, timing.total_frames))
+            metadata.append(timing.metadata())
+        call_kwargs.update(videos=frames, video_metadata=metadata, do_sample_frames=False)
+    return processor(
+        text=[processor.apply_chat_template(list(messages))],
+        images=[Image.open(io.BytesIO(data)) for data in images] or None,
+        return_tensors="pt",
+        **call_kwargs,
+    )
+
+
+def tensor_bytes(outputs: Any) -> int:
+    """Bytes of every tensor in a mapping (e.g. a ``BatchFeature``). Example: {"a": int64 [4]} -> 32."""
+    import torch
+
+    return sum(v.numel() * v.element_size() for v in outputs.values() if isinstance(v, torch.Tensor))

@@ -248,3 +248,15 @@ def test_variable_width_plan_rows_have_no_tail(dataset, processor):
         assert width % 64 == 0 and width <= W and row["total_tokens"] == width
         assert int(row["cu_seqlens_q_padded"][-1]) == width
         assert width - int(row["cu_seqlens_q"][-1]) < 64  # real tokens up to the last multiple of 64
+
+
+@pytest.mark.slow
+def test_close_stops_the_workers_and_keeps_the_position(dataset, processor, plan, reference):
+    with get_packing_loader(dataset, make_config(num_workers=2), processor, plan=plan) as loader:
+        iterator = iter(loader)
+        first = next(iterator)
+        workers = list(loader._rows._workers)
+        assert workers and all(worker.is_alive() for worker in workers)
+    assert not any(worker.is_alive() for worker in workers)
+    del iterator
+    assert read(loader) == {p: row for p, row in reference.items() if p > first["__plan__"]["position"]}

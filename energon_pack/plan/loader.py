@@ -181,6 +181,8 @@ class PlanDataLoader:
         self._consumed = 0  # positions of this rank consumed since _start
         self._stats = PackingStats(worker_id=rank)
         self._iterating = False
+        #: The torch DataLoader iterator of the iteration in progress (its workers), if any.
+        self._rows: Any = None
 
     # ----------------------------------------------------------------------- stream
 
@@ -227,7 +229,7 @@ class PlanDataLoader:
         from energon_pack.workers import frozen_gc
 
         with frozen_gc():  # workers fork here: keep the parent's objects' pages shared (see frozen_gc)
-            rows = iter(loader)
+            self._rows = rows = iter(loader)
         self._iterating = True
         try:
             for row in rows:
@@ -238,9 +240,24 @@ class PlanDataLoader:
                 yield row
         finally:
             self._iterating = False
+            self.close()
         if end is not None:  # a finished epoch: the next iteration reads the next one
             self._epoch += 1
             self._start, self._consumed = self._epoch * self.plan.num_rows, 0
+
+    def close(self) -> None:
+        """Stop the workers of the iteration in progress (a failed or abandoned epoch does too);
+        the rows consumed so far stay the state. ``with get_packing_loader(..., plan=...) as
+        loader:`` closes at the end of the block."""
+        rows, self._rows = self._rows, None
+        if rows is not None and hasattr(rows, "_shutdown_workers"):
+            rows._shutdown_workers()
+
+    def __enter__(self) -> PlanDataLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __len__(self) -> int:
         left = self._rank_rows_left()

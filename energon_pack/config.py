@@ -199,8 +199,19 @@ def _raise_if_problems(what: str, problems: Iterable[str | None]) -> None:
         raise ConfigError(what, lines)
 
 
+def closest_keys(key: str, valid: Iterable[str], *, cutoff: float = 0.6) -> list[str]:
+    """Every valid key that is as close to ``key`` as the closest one (difflib ratio >= ``cutoff``).
+
+    Example: ``closest_keys("cpp", ["tp", "cp", "pp"])`` -> ``["cp", "pp"]`` (both ratio 0.8);
+    ``closest_keys("zzz", ["tp"])`` -> ``[]``.
+    """
+    ratios = {name: difflib.SequenceMatcher(None, key, name).ratio() for name in valid}
+    best = max(ratios.values(), default=0.0)
+    return [name for name, ratio in ratios.items() if ratio == best] if best >= cutoff else []
+
+
 def _unknown_key_problem(what: str, keys: Iterable[Any], valid: Iterable[str]) -> str | None:
-    """Name every key not in ``valid`` (with a close match when there is one) and list the valid ones.
+    """Name every key not in ``valid`` (with every equally close match) and list the valid ones.
 
     Example: ``_unknown_key_problem("PackingConfig", ["bufer_size"], ["buffer_size"])`` ->
     ``"unknown PackingConfig key(s): 'bufer_size' (did you mean 'buffer_size'?); valid keys: buffer_size"``.
@@ -211,8 +222,8 @@ def _unknown_key_problem(what: str, keys: Iterable[Any], valid: Iterable[str]) -
         return None
     described = []
     for key in unknown:
-        close = difflib.get_close_matches(str(key), valid, n=1)
-        described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        close = " or ".join(repr(name) for name in closest_keys(str(key), valid))
+        described.append(f"{key!r}" + (f" (did you mean {close}?)" if close else ""))
     return f"unknown {what} key(s): {', '.join(described)}; valid keys: {', '.join(valid)}"
 
 

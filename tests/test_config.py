@@ -541,3 +541,14 @@ def test_buffer_tokens_and_prefetch_rules(values: dict, expected: str) -> None:
     with pytest.raises(ValueError) as info:
         PackingConfig(seq_length=8192, **values)
     assert expected in str(info.value)
+
+
+def test_every_equally_close_key_is_suggested(tmp_path: Path) -> None:
+    from energon_pack.config import closest_keys
+
+    assert closest_keys("cpp", ["tp", "cp", "sp", "ep", "pp", "dp"]) == ["cp", "pp"]
+    assert closest_keys("zzz", ["tp", "cp"]) == []
+    path = tmp_path / "typo.yaml"
+    path.write_text("seq_length: 8192\ntopology:\n  cpp: 2\n")
+    with pytest.raises(ValueError, match=r"'cpp' \(did you mean 'cp' or 'pp'\?\)"):
+        PackingConfig.from_yaml(path)

@@ -86,25 +86,51 @@ def comma_separated_ints_or_none(text: str) -> list[int]:
     return comma_separated_ints(text) if text else []
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``energon-pack`` argument parser (one sub-command per job)."""
-    parser = _Parser(prog="energon-pack", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+DESCRIPTION = (
+    "energon-pack: turn chat records with images and videos into an Energon dataset (prepare), look at it "
+    "(inspect), pack it offline or measure packing (simulate, plan, bench), or run everything on synthetic data "
+    "(demo). `energon-pack COMMAND --help` describes each command."
+)
 
-    demo = commands.add_parser("demo", help="offline end-to-end demo on synthetic image+video chats")
-    demo.add_argument("--out", type=Path, default=None, help="working folder (default: a cache folder)")
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help already states its default
+    (the way to describe a None default) or the option is required or positional."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.required or not action.option_strings or action.default in (None, argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``energon-pack`` argument parser (one sub-command per job); every option has a help line with its default."""
+    from energon_pack import __version__
+
+    parser = _Parser(prog="energon-pack", description=DESCRIPTION, formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=summary, description=summary, formatter_class=_HelpFormatter)
+
+    demo = command("demo", "offline end-to-end demo on synthetic image+video chats")
+    demo.add_argument("--out", type=Path, default=None, help="working folder (default: $ENERGON_PACK_CACHE/demo or ~/.cache/energon_pack/demo)")
     demo.add_argument("--samples", type=int, default=96, help="synthetic samples to generate")
     demo.add_argument("--seq-length", type=int, default=4096, help="row width W in tokens")
     demo.add_argument("--workers", type=int, default=2, help="Energon worker processes")
     demo.set_defaults(func=_cmd_demo)
 
-    prepare = commands.add_parser("prepare", help="chat records + media -> Energon WebDataset")
+    prepare = command("prepare", "chat records + media -> Energon WebDataset")
     prepare.add_argument("input", type=Path, help="JSON Lines (or JSON list) of chat records")
-    prepare.add_argument("--media-root", type=Path, required=True, help="folder media paths are relative to")
+    prepare.add_argument("--media-root", type=Path, required=True, help="folder the records' media paths are relative to")
     prepare.add_argument("--out", type=Path, required=True, help="dataset folder to write")
-    prepare.add_argument("--split-ratio", default="1,0,0", help="train,val,test shard ratio (default 1,0,0)")
+    prepare.add_argument(
+        "--split-ratio", default="1,0,0", help="train,val,test ratio of records, e.g. 8,1,1; each split gets its own shards"
+    )
     prepare.add_argument("--on-error", choices=("skip", "fail"), default="skip", help="bad records: skip (report) or fail")
-    prepare.add_argument("--samples-per-shard", type=int, default=100)
+    prepare.add_argument("--samples-per-shard", type=int, default=100, help="most samples per tar shard")
     prepare.add_argument(
         "--allow-assistant-media",
         action="store_true",
@@ -112,10 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prepare.set_defaults(func=_cmd_prepare)
 
-    simulate = commands.add_parser(
-        "simulate", help="fill and vision patches per row of our bin selection vs first-fit-decreasing per buffer"
+    simulate = command(
+        "simulate", "fill and vision patches per row of our bin selection vs first-fit-decreasing per buffer"
     )
-    simulate.add_argument("--dataset", type=Path, default=None, help="prepared dataset (default: built-in reference mix)")
+    simulate.add_argument(
+        "--dataset", type=Path, default=None, help="prepared dataset (default: the built-in reference mix)"
+    )
     simulate.add_argument("--samples", type=int, default=4000, help="samples of the reference mix")
     simulate.add_argument(
         "--widths", type=comma_separated_ints, default="4096,8192,16384,32768", help="row widths W, comma-separated"
@@ -134,35 +162,37 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="also simulate with at most N ViT patches per row (fill and vision per row, with and without)",
+        help="also simulate with at most N ViT patches per row, with and without (default: no budget)",
     )
     simulate.add_argument(
         "--global-plan", action="store_true", help="also plan the whole stream globally (fill, plan time, plan size)"
     )
     simulate.add_argument(
-        "--plot", type=Path, default=None, help="write a fill and vision-per-row plot PNG (needs the plot extra)"
+        "--plot", type=Path, default=None, help="write a fill and vision-per-row plot PNG, needs the plot extra (default: no plot)"
     )
     simulate.set_defaults(func=_cmd_simulate)
 
-    bench = commands.add_parser("bench", help="side-by-side speed and memory benchmarks")
-    bench.add_argument("--stage", choices=("preencode", "postencode", "loader", "all"), default="all")
-    bench.add_argument("--samples", type=int, default=64)
-    bench.add_argument("--out", type=Path, default=None, help="working folder (default: a cache folder)")
+    bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
+    bench.add_argument(
+        "--stage", choices=("preencode", "postencode", "loader", "all"), default="all", help="which benchmark to run"
+    )
+    bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
+    bench.add_argument("--out", type=Path, default=None, help="working folder (default: $ENERGON_PACK_CACHE/bench or ~/.cache/energon_pack/bench)")
     bench.set_defaults(func=_cmd_bench)
 
-    plan = commands.add_parser("plan", help="pack a whole split once (header-only), for a deterministic, elastic loader")
+    plan = command("plan", "pack a whole split once (header-only), for a deterministic, elastic loader")
     plan.add_argument("dataset", type=Path, help="prepared dataset (one WebDataset folder)")
     plan.add_argument("--config", type=Path, required=True, help="packing config YAML (seq_length, alignment, ...)")
     plan.add_argument("--processor", default=None, help="processor path or hub id (default: the offline Qwen2.5-VL one)")
     plan.add_argument("--out", type=Path, required=True, help="plan file to write")
-    plan.add_argument("--split", default="train")
+    plan.add_argument("--split", default="train", help="split to plan")
     plan.add_argument("--workers", type=int, default=None, help="preencode worker processes (default: config num_workers)")
     plan.set_defaults(func=_cmd_plan)
 
-    inspect = commands.add_parser("inspect", help="summarise a prepared dataset")
-    inspect.add_argument("dataset", type=Path)
-    inspect.add_argument("--split", default="train")
-    inspect.add_argument("--limit", type=int, default=None, help="read at most this many samples")
+    inspect = command("inspect", "summarise a prepared dataset: samples, media, token lengths, bad samples")
+    inspect.add_argument("dataset", type=Path, help="prepared dataset folder (the --out of prepare)")
+    inspect.add_argument("--split", default="train", help="split to read")
+    inspect.add_argument("--limit", type=int, default=None, help="read at most this many samples (default: all)")
     inspect.set_defaults(func=_cmd_inspect)
     return parser
 

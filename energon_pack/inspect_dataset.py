@@ -11,6 +11,7 @@ import numpy as np
 
 from energon_pack.config import PackingConfig
 from energon_pack.dataset_path import check_dataset_path
+from energon_pack.pinning import pin_only_with_accelerator
 from energon_pack.tables import format_table
 
 
@@ -26,7 +27,7 @@ def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None,
     samples = get_val_dataset(
         dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None
     )
-    for index, sample in enumerate(tqdm(get_loader(samples), desc="preencode", unit="sample")):
+    for index, sample in enumerate(tqdm(pin_only_with_accelerator(get_loader(samples)), desc="preencode", unit="sample")):
         if limit is not None and index >= limit:
             return
         yield sample, encoder.preencode_sample(sample)

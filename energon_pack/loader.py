@@ -23,6 +23,7 @@ from megatron.energon import (
 
 from energon_pack.config import PackingConfig, check_resume_fingerprint
 from energon_pack.dataset_path import check_dataset_path
+from energon_pack.pinning import pin_only_with_accelerator
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
 from energon_pack.workers import frozen_gc
@@ -62,6 +63,7 @@ class PackingDataLoader(SavableDataLoader):
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        pin_only_with_accelerator(self)
         self.fingerprint = fingerprint
         self.allow_inexact_resume = allow_inexact_resume
         #: Where workers publish their statistics (kept alive, and removed, with the loader).

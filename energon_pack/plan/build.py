@@ -187,6 +187,8 @@ def measure_split(
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
     from tqdm import tqdm
 
+    from energon_pack.pinning import pin_only_with_accelerator
+
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
     total = len(open_split(path, split, worker_config))
     dataset = get_val_dataset(
@@ -194,7 +196,7 @@ def measure_split(
     )
     measurement = Measurement.empty(total)
     with tqdm(total=total, desc="preencode (headers)", unit="sample", disable=not progress) as bar:
-        for batch in get_loader(dataset):
+        for batch in pin_only_with_accelerator(get_loader(dataset)):
             for index, tokens, vision, media, reason in batch:
                 if reason is None:
                     measurement.tokens[index] = tokens

@@ -191,15 +191,23 @@ def _offline_processor(family: str) -> Any:
     )
 
     processor_class = Qwen2_5_VLProcessor if family == "qwen2.5-vl" else Qwen2VLProcessor
-    # Releases with a per-frame pixel cap (not 5.12) warn on every call unless it is stated;
-    # False is their default behaviour and what older releases always do.
-    has_frame_cap = hasattr(Qwen2VLVideoProcessor, "cap_pixels_per_frame")
     return processor_class(
         image_processor=Qwen2VLImageProcessor(),
         tokenizer=tokenizer,
-        video_processor=Qwen2VLVideoProcessor(**({"cap_pixels_per_frame": False} if has_frame_cap else {})),
+        video_processor=Qwen2VLVideoProcessor(),
         chat_template=chat_template_for(family),
     )
+
+
+def _state_frame_cap(video_processor: Any) -> None:
+    """State the per-frame pixel cap of a video processor that leaves it unset.
+
+    Transformers releases with the cap (Qwen2-VL and Qwen3-VL video processors; not 5.12) warn
+    on the first video while it is unset, which a user cannot act on. Unset behaves as False,
+    so stating False changes no pixel and no token; a processor that sets it keeps its value.
+    """
+    if getattr(video_processor, "cap_pixels_per_frame", False) is None:
+        video_processor.cap_pixels_per_frame = False
 
 
 def _apply_pixel_limits(
@@ -326,5 +334,6 @@ def load_processor(
         source = resolve_processor_source(path)
         processor = AutoProcessor.from_pretrained(source)
         processor.energon_pack_model_config = _model_config_or_none(source)
+    _state_frame_cap(processor.video_processor)
     _apply_pixel_limits(processor, min_pixels=min_pixels, max_pixels=max_pixels, max_frames=max_frames)
     return processor

@@ -167,6 +167,7 @@ def bench_loader(num_samples: int, work_dir: Path) -> BenchRows:
 
     from energon_pack.config import PackingConfig
     from energon_pack.loader import get_packing_loader
+    from energon_pack.pinning import pin_only_with_accelerator
     from energon_pack.qwen.processor import load_processor
 
     dataset = bench_dataset(work_dir, num_samples)
@@ -189,7 +190,7 @@ def bench_loader(num_samples: int, work_dir: Path) -> BenchRows:
             task_encoder=HFProcessorPackingTaskEncoder(processor, seq_length=LOADER_ROW_WIDTH),
             repeat=False,
         )
-        return SavableDataLoader(baseline_dataset)
+        return pin_only_with_accelerator(SavableDataLoader(baseline_dataset))
 
     loaders = {"ours": ours_loader, "HF": baseline_loader}
     epochs: dict[str, list[dict[str, float]]] = {"ours": [], "HF": []}

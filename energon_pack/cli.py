@@ -23,6 +23,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             on_error=args.on_error,
             samples_per_shard=args.samples_per_shard,
             allow_assistant_media=args.allow_assistant_media,
+            verify_media=args.verify_media,
         )
     except PrepareError as err:
         print(f"energon-pack prepare: {err}", file=sys.stderr)
@@ -135,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-assistant-media",
         action="store_true",
         help="keep records with an image/video in an assistant turn (as context: vision tokens never carry loss)",
+    )
+    prepare.add_argument(
+        "--verify-media",
+        action="store_true",
+        help="decode every image and video frame (slower) to report media cut after the header now, not in training",
     )
     prepare.set_defaults(func=_cmd_prepare)
 

@@ -178,8 +178,23 @@ def _check_media_header(data: bytes, kind: str, name: str) -> None:
         raise BadSampleError("unreadable_media", f"{kind} {name!r}: {err}") from None
 
 
-def build_wds_sample(key: str, record: ChatRecord, media_root: Path) -> dict[str, Any]:
-    """The WebDataset sample dict of one record (media read as bytes and header-checked)."""
+def _check_media_decodes(data: bytes, kind: str, name: str) -> None:
+    """Decode every pixel of an image, or every frame of a video (``--verify-media``)."""
+    from energon_pack.qwen.media import probe_video
+    from energon_pack.qwen.pixels import decode_image, decode_video_frames
+
+    try:
+        if kind == "image":
+            decode_image(data)
+        else:
+            decode_video_frames(data, (0,), probe_video(data).num_frames)
+    except BadSampleError as err:
+        raise BadSampleError("unreadable_media", f"{kind} {name!r} does not decode: {err}") from None
+
+
+def build_wds_sample(key: str, record: ChatRecord, media_root: Path, *, verify_media: bool = False) -> dict[str, Any]:
+    """The WebDataset sample dict of one record (media read as bytes and header-checked; fully
+    decoded too with ``verify_media``)."""
     sample: dict[str, Any] = {"__key__": key}
     sample[CONVERSATION_PART] = json.dumps(record.messages, ensure_ascii=False).encode("utf-8")
     for kind, paths, allowed in (("image", record.images, IMAGE_EXTENSIONS), ("video", record.videos, VIDEO_EXTENSIONS)):
@@ -188,6 +203,8 @@ def build_wds_sample(key: str, record: ChatRecord, media_root: Path) -> dict[str
             extension = _media_extension(path, allowed, kind)
             data = path.read_bytes()
             _check_media_header(data, kind, relative)
+            if verify_media:
+                _check_media_decodes(data, kind, relative)
             sample[media_part_name(index, extension)] = data
     return sample
 
@@ -252,6 +269,7 @@ def prepare_dataset(
     on_error: Literal["skip", "fail"] = "skip",
     samples_per_shard: int = 100,
     allow_assistant_media: bool = False,
+    verify_media: bool = False,
     progress: bool = True,
 ) -> PrepareReport:
     """Write the records of ``input_path`` as an Energon WebDataset under ``out_dir``.
@@ -261,6 +279,8 @@ def prepare_dataset(
     Returns a report of written records and of every skipped one (line, reason); with
     ``on_error="fail"`` the first problem raises ``PrepareError`` instead. Records with media in
     an assistant turn are skipped (``media_in_assistant_turn``) unless ``allow_assistant_media``.
+    Media are checked from their headers; ``verify_media`` decodes every image and video frame too
+    (slower), so media that are cut after the header are reported here rather than by the loader.
     On any error nothing changes at ``out_dir``.
     """
     splits = parse_split_ratio(split_ratio)
@@ -273,7 +293,7 @@ def prepare_dataset(
         report = _write_dataset(
             Path(input_path), Path(media_root), staging, splits,
             on_error=on_error, samples_per_shard=samples_per_shard,
-            allow_assistant_media=allow_assistant_media, progress=progress,
+            allow_assistant_media=allow_assistant_media, verify_media=verify_media, progress=progress,
         )
         check_splits_filled(split_ratio, report.split_counts)
         write_energon_metadata(staging, report.shards, list(report.split_counts))
@@ -294,6 +314,7 @@ def _write_dataset(
     on_error: Literal["skip", "fail"],
     samples_per_shard: int,
     allow_assistant_media: bool,
+    verify_media: bool,
     progress: bool,
 ) -> PrepareReport:
     """Write the shards of every split into ``out/shards``."""
@@ -306,7 +327,8 @@ def _write_dataset(
     seen_keys: set[str] = set()
     with ExitStack() as stack:
         writers: dict[str, Any] = {}
-        records = tqdm(iter_input_records(input_path), desc="prepare", unit="rec", disable=not progress)
+        desc = "prepare (decoding media)" if verify_media else "prepare"
+        records = tqdm(iter_input_records(input_path), desc=desc, unit="rec", disable=not progress)
         for line, record in records:
             record_id = record.get("id") if isinstance(record, dict) else None
             try:
@@ -318,7 +340,7 @@ def _write_dataset(
                     raise BadSampleError("duplicate_id", f"record id {key!r} was used by an earlier record")
                 if not allow_assistant_media:
                     check_no_assistant_media(parsed.messages)
-                sample = build_wds_sample(key, parsed, media_root)
+                sample = build_wds_sample(key, parsed, media_root, verify_media=verify_media)
             except BadSampleError as err:
                 problem = RecordProblem(
                     line=line,

@@ -9,7 +9,6 @@ bin) -> ``pack_selected_samples`` (segments of one row) -> ``batch`` (the THD di
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -37,10 +36,10 @@ from energon_pack.qwen.pixels import PixelSlots, allocate_row_pixels, in_loader_
 from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec
 from energon_pack.samples import QwenVLChatSample
+from energon_pack.skip_log import warn_skip
 from energon_pack.stats import row_counts
 from energon_pack.thd import build_layout_row, collate_rows
 
-_LOG = logging.getLogger(__name__)
 
 # Forked Energon workers must not share the tokenizer's Rust thread pool.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -210,7 +209,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
                 encoded.append(self.postencode_sample(sample, slot))
             except BadSampleError as err:
                 skipped[err.reason] += 1
-                _LOG.warning("energon_pack: skipping sample %r: %s", sample.__key__, err)
+                warn_skip(sample.__key__, err)
         if not encoded:
             return {"__empty__": True, "__stats__": row_counts(samples_in=len(samples), skipped=skipped)}
         packed = self.pack_selected_samples(encoded)
@@ -232,7 +231,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         else:
             problem = sample_misfit(sample, self.budget, self.config.row, self.config.policy)
         if problem is not None:
-            _LOG.warning("energon_pack: skipping sample %r: %s", sample.__key__, problem)
+            warn_skip(sample.__key__, problem)
         return problem
 
     def _thd_row(self, row: PackedRow) -> dict:

@@ -49,6 +49,7 @@ from energon_pack.errors import BadSampleError
 from energon_pack.packing.algorithms import RoundSize
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner
+from energon_pack.skip_log import warn_skip
 from energon_pack.stats import STATS_PUBLISH_INTERVAL_S, PackingStats, publish_snapshot, worker_telemetry
 from energon_pack.thd import row_width
 
@@ -247,7 +248,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
 
     def _skip(self, sample: Any, reason: str, detail: str | None) -> None:
         self._stats.count_skip(reason)
-        logger.warning("energon_pack: skipping sample %r: %s: %s", getattr(sample, "__key__", None), reason, detail)
+        warn_skip(getattr(sample, "__key__", None), f"{reason}: {detail}")
         self._publish_stats()
 
     def _telemetry_snapshot(self) -> dict[str, Any]:

@@ -18,7 +18,8 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 def option_help(lines: list[str], flag: str) -> str:
     """The help block of one option: its line and the deeper-indented lines that continue it."""
-    first = next(i for i, line in enumerate(lines) if line.strip().startswith(flag))
+    listing = next(i for i, line in enumerate(lines) if line.endswith("arguments:") or line == "options:")
+    first = next(i for i, line in enumerate(lines) if i > listing and line.strip().startswith(flag))
     block = [lines[first].strip()]
     for line in lines[first + 1 :]:
         if not line.startswith(" " * 6) or line.strip().startswith("-"):

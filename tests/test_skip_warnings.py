@@ -60,8 +60,8 @@ def test_prepare_verify_media_decodes_everything(truncated, capsys):
     assert report.written == 6 and report.problems == []  # the header check passes the cut image
     report = prepare_dataset(truncated / "records.jsonl", truncated, truncated / "ds", progress=False, verify_media=True)
     assert report.written == 5
-    assert [(p.line, p.reason.split(":")[0]) for p in report.problems] == [(6, "unreadable_media")]
-    assert "does not decode" in report.problems[0].reason
+    assert [(p.line, p.reason) for p in report.problems] == [(6, "unreadable_media")]
+    assert "does not decode" in report.problems[0].detail
     args = ["prepare", str(truncated / "records.jsonl"), "--media-root", str(truncated), "--out", str(truncated / "cli")]
     assert cli_main([*args, "--verify-media"]) == 0
     captured = capsys.readouterr()

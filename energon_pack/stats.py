@@ -204,17 +204,21 @@ def peak_rss_bytes(pid: int | None = None) -> int:
 
 
 def worker_telemetry(buffered_bytes: Iterable[int], *, pending_samples: int) -> dict[str, int]:
-    """Measurements attached to a row (not part of the saved state): peak RSS and buffer contents.
+    """Measurements attached to a row (not part of the saved state): peak RSS, buffer contents and
+    this process's seconds per pipeline stage (``energon_pack.stage_times``).
 
     Example: buffers holding samples of 100 and 300 bytes, one of them pending ->
     ``{"peak_rss_bytes": ..., "buffered_samples": 2, "buffered_bytes": 400, "pending_samples": 1}``.
     """
+    from energon_pack.stage_times import stage_seconds
+
     sizes = list(buffered_bytes)
     return {
         "peak_rss_bytes": peak_rss_bytes(),
         "buffered_samples": len(sizes),
         "buffered_bytes": sum(sizes),
         "pending_samples": pending_samples,
+        "stage_seconds": stage_seconds(),
     }
 
 

@@ -37,6 +37,7 @@ from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec
 from energon_pack.samples import QwenVLChatSample
 from energon_pack.skip_log import warn_skip
+from energon_pack.stage_times import timed
 from energon_pack.stats import row_counts
 from energon_pack.thd import build_layout_row, collate_rows
 
@@ -235,7 +236,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         return problem
 
     def _thd_row(self, row: PackedRow) -> dict:
-        out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id)
+        with timed("row assembly"):
+            out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id)
         out["__stats__"] = row.stats
         out["row_cost"] = row.row_cost
         out["__restore_key__"] = row.__restore_key__

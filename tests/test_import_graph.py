@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "energon_pack"
 #: Lowest first. A module may import modules of its own layer or of lower ones.
 LAYERS: list[tuple[str, list[str]]] = [
     ("base: no package imports", [
-        "__init__", "alignment", "errors", "tables", "cache", "workers", "qwen.family", "pinning", "skip_log",
+        "__init__", "alignment", "errors", "tables", "cache", "workers", "qwen.family", "pinning", "skip_log", "stage_times",
     ]),
     ("config and pure cores", [
         "config", "loss_reduction", "dataset_path", "visual", "conversation", "packing.algorithms",

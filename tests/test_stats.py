@@ -124,3 +124,14 @@ def test_fill_histogram_has_labelled_bucket_edges():
     assert edges == sorted(edges) and edges[10] == 0.5 and edges[11] == 0.55
     by_bucket = {(edges[i], edges[i + 1]): n for i, n in enumerate(counts) if n}
     assert by_bucket == {(0.0, 0.05): 1, (0.5, 0.55): 2, (0.95, 1.0): 2}
+
+
+def test_stage_times_accumulate_per_stage_and_reach_the_telemetry():
+    from energon_pack.stage_times import stage_seconds, timed
+
+    before = stage_seconds().get("test stage", 0.0)
+    for _ in range(2):
+        with timed("test stage"):
+            sum(range(1000))
+    assert stage_seconds()["test stage"] > before
+    assert worker_telemetry([], pending_samples=0)["stage_seconds"]["test stage"] == stage_seconds()["test stage"]

@@ -8,6 +8,7 @@ import pytest
 
 from energon_pack.config import PackingConfig
 from energon_pack.loader import frozen_gc, get_packing_loader
+from energon_pack.stage_times import STAGES
 
 
 def test_frozen_gc_freezes_only_inside_the_block() -> None:
@@ -26,5 +27,8 @@ def test_loader_uses_the_prefetch_knob_and_unfreezes_after_forking(synthetic_dat
     rows = iter(loader)
     first = next(rows)
     assert gc.get_freeze_count() == 0 and first["__keys__"]
-    keys = [*first["__keys__"], *(key for row in rows for key in row["__keys__"])]
+    rest = list(rows)
+    # Each worker reports where its time went, every stage of the pipeline included.
+    assert rest and set(STAGES) <= set(rest[-1]["__stats__"]["stage_seconds"])
+    keys = [*first["__keys__"], *(key for row in rest for key in row["__keys__"])]
     assert len(keys) == len(set(keys)) and len(keys) + loader.stats()["skipped_total"] == synthetic_dataset.written

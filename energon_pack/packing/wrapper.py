@@ -50,6 +50,7 @@ from energon_pack.packing.algorithms import RoundSize
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner
 from energon_pack.skip_log import warn_skip
+from energon_pack.stage_times import timed
 from energon_pack.stats import STATS_PUBLISH_INTERVAL_S, PackingStats, publish_snapshot, worker_telemetry
 from energon_pack.thd import row_width
 
@@ -252,6 +253,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self._publish_stats()
 
     def _telemetry_snapshot(self) -> dict[str, Any]:
+        with timed("statistics"):
+            return self._measure_telemetry()
+
+    def _measure_telemetry(self) -> dict[str, Any]:
         return {
             **self._stats.snapshot(),
             **worker_telemetry(self._samples.nbytes(), pending_samples=len(self._planner.pending)),
@@ -265,7 +270,9 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             return
         now = time.monotonic()
         if force or now - self._published_at >= STATS_PUBLISH_INTERVAL_S:
-            publish_snapshot(self.stats_dir, snapshot or self._telemetry_snapshot())
+            snapshot = snapshot or self._telemetry_snapshot()
+            with timed("statistics"):
+                publish_snapshot(self.stats_dir, snapshot)
             self._published_at = now
 
     def _run_round(self) -> None:

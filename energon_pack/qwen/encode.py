@@ -30,6 +30,7 @@ from energon_pack.qwen.template import (
     placeholder_token_count,
     tokenize_conversation,
 )
+from energon_pack.stage_times import timed
 from energon_pack.visual import VisualInputs
 
 __all__ = ["EncodedChat", "PreparedChat", "QwenChatEncoder"]
@@ -96,8 +97,9 @@ class QwenChatEncoder:
         that does not fit is shrunk: its image pixel budget, then its video frames, are lowered
         to the largest setting that fits (``qwen.fit.shrink_limits``); left as it is when none does.
         """
-        image_infos = [probe_image(data) for data in images]
-        video_infos = [probe_video(data) for data in videos]
+        with timed("probe"):
+            image_infos = [probe_image(data) for data in images]
+            video_infos = [probe_video(data) for data in videos]
         geometry = media_geometry(image_infos, video_infos, self.vision)
         tokens = self._tokenize(conversation, geometry)
         limits = tokens_before_shrink = None
@@ -121,14 +123,15 @@ class QwenChatEncoder:
         )
 
     def _tokenize(self, conversation: Sequence[dict[str, Any]], geometry: MediaGeometry) -> TokenizedConversation:
-        return tokenize_conversation(
-            self.processor,
-            conversation,
-            image_grid_thw=geometry.image_grid_thw,
-            video_grid_thw=geometry.video_grid_thw,
-            videos=geometry.timings,
-            markers=self.markers,
-        )
+        with timed("tokenise"):
+            return tokenize_conversation(
+                self.processor,
+                conversation,
+                image_grid_thw=geometry.image_grid_thw,
+                video_grid_thw=geometry.video_grid_thw,
+                videos=geometry.timings,
+                markers=self.markers,
+            )
 
     def _shrink_limits(
         self,
@@ -192,13 +195,14 @@ class QwenChatEncoder:
             if prepared.second_per_grid_ts is None
             else torch.tensor(prepared.second_per_grid_ts, dtype=torch.float32)
         )
-        mrope = mrope_position_ids(
-            prepared.input_ids,
-            spec=self.rope_spec,
-            image_grid_thw=prepared.image_grid_thw,
-            video_grid_thw=prepared.video_grid_thw,
-            second_per_grid_ts=seconds,
-        )
+        with timed("rope"):
+            mrope = mrope_position_ids(
+                prepared.input_ids,
+                spec=self.rope_spec,
+                image_grid_thw=prepared.image_grid_thw,
+                video_grid_thw=prepared.video_grid_thw,
+                second_per_grid_ts=seconds,
+            )
         visual = VisualInputs(
             pixel_values=pixel_values,
             image_grid_thw=prepared.image_grid_thw,

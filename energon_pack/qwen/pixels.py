@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from energon_pack.errors import BadSampleError
+from energon_pack.stage_times import timed
 from energon_pack.qwen.template import VideoTiming
 
 
@@ -167,7 +168,8 @@ def _fill(
         if out is None:
             chunks.append(pixels)
         else:
-            out.narrow(0, start, pixels.shape[0]).copy_(pixels)
+            with timed("row assembly"):
+                out.narrow(0, start, pixels.shape[0]).copy_(pixels)
         start += pixels.shape[0]
         del pixels
     if out is not None:
@@ -200,7 +202,13 @@ def image_pixels(
         kwargs["size"] = {**dict(processor.image_processor.size), "longest_edge": max_pixels}
 
     def process(data: bytes) -> Callable[[], Any]:
-        return lambda: processor.image_processor(images=[decode_image(data)], return_tensors="pt", **kwargs)
+        def run() -> Any:
+            with timed("decode"):
+                image = decode_image(data)
+            with timed("resize/patchify"):
+                return processor.image_processor(images=[image], return_tensors="pt", **kwargs)
+
+        return run
 
     pixels = _fill(
         out, expected_grid_thw, [process(data) for data in images],
@@ -222,13 +230,19 @@ def video_pixels(
     video at a time (its frames freed once patchified); ``out`` as in :func:`image_pixels`."""
 
     def process(data: bytes, timing: VideoTiming) -> Callable[[], Any]:
-        return lambda: processor.video_processor(
-            videos=[decode_video_frames(data, timing.frame_indices, timing.total_frames)],
-            video_metadata=[timing.metadata()],
-            do_sample_frames=False,
-            return_tensors="pt",
-            **_payload_kwargs(uint8),
-        )
+        def run() -> Any:
+            with timed("decode"):
+                frames = decode_video_frames(data, timing.frame_indices, timing.total_frames)
+            with timed("resize/patchify"):
+                return processor.video_processor(
+                    videos=[frames],
+                    video_metadata=[timing.metadata()],
+                    do_sample_frames=False,
+                    return_tensors="pt",
+                    **_payload_kwargs(uint8),
+                )
+
+        return run
 
     pixels = _fill(
         out, expected_grid_thw, [process(data, timing) for data, timing in zip(videos, timings)],

@@ -180,10 +180,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
     bench.add_argument(
-        "--stage", choices=("preencode", "postencode", "loader", "all"), default="all", help="which benchmark to run"
+        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     bench.add_argument("--out", type=Path, default=None, help="working folder (default: $ENERGON_PACK_CACHE/bench or ~/.cache/energon_pack/bench)")
+    loader = bench.add_argument_group("loader stage (ours vs the eager HF-processor + FFD design)")
+    loader.add_argument("--dataset", type=Path, default=None, help="prepared dataset (default: the bench mix of --samples)")
+    loader.add_argument("--seq-length", type=int, default=8192, help="row width W in tokens")
+    loader.add_argument(
+        "--buffer-sizes", type=comma_separated_ints, default="16,64,256", help="buffer sizes, comma-separated"
+    )
+    loader.add_argument("--workers", type=int, default=2, help="Energon worker processes per loader")
+    loader.add_argument(
+        "--pixel-dtype", type=lambda text: text.split(","), default="float32,uint8",
+        help="our pixel payloads, comma-separated (float32, uint8)",
+    )
+    loader.add_argument("--epochs", type=int, default=3, help="interleaved runs (finite epochs) per setting")
+    loader.add_argument("--prefetch-factor", type=int, default=2, help="rows each worker builds ahead")
     bench.set_defaults(func=_cmd_bench)
 
     plan = command("plan", "pack a whole split once (header-only), for a deterministic, elastic loader")

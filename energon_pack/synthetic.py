@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -39,6 +41,10 @@ class SyntheticSpec:
     video_fps_choices: tuple[int, ...] = (10, 24, 30)
     max_video_side: int = 192
     max_images_per_sample: int = 4
+    #: Videos pan across the first frame (realistic motion) instead of fading it to white.
+    panning_video: bool = False
+    #: x264 preset of the generated videos (None: PyAV's default; "ultrafast" for long clips).
+    video_preset: str | None = None
     #: Fraction of images written as PNGs cut in half: the header reads, decoding fails.
     corrupt_fraction: float = 0.0
 
@@ -57,19 +63,24 @@ def encode_image(pixels: np.ndarray, image_format: str, mode: str) -> bytes:
     return buffer.getvalue()
 
 
-def encode_video(frames: np.ndarray, fps: int, *, codec: str = "libx264") -> bytes:
-    """Encode RGB uint8 frames [T, H, W, 3] (H, W even) as an MP4 with PyAV.
+def encode_video(
+    frames: np.ndarray | Iterable[np.ndarray], fps: int, *, codec: str = "libx264", preset: str | None = None
+) -> bytes:
+    """Encode RGB uint8 frames [T, H, W, 3] (H, W even; or an iterable of [H, W, 3] frames, encoded
+    as they come) as an MP4 with PyAV; ``preset`` is the x264 preset (e.g. "ultrafast").
 
     Example: ``encode_video(np.zeros((20, 64, 96, 3), np.uint8), fps=10)`` -> 2 s MP4 bytes.
     """
     import av
 
+    frames = iter(frames)
+    first = next(frames)
     buffer = io.BytesIO()
     with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream(codec, rate=Fraction(fps))
-        stream.height, stream.width = frames.shape[1], frames.shape[2]
+        stream = container.add_stream(codec, rate=Fraction(fps), **({"options": {"preset": preset}} if preset else {}))
+        stream.height, stream.width = first.shape[0], first.shape[1]
         stream.pix_fmt = "yuv420p"
-        for frame in frames:
+        for frame in itertools.chain([first], frames):
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
@@ -113,11 +124,15 @@ def _write_video(rng: np.random.Generator, spec: SyntheticSpec, path: Path) -> s
     height = 2 * int(rng.integers(16, spec.max_video_side // 2 + 1))
     width = 2 * int(rng.integers(16, spec.max_video_side // 2 + 1))
     num_frames = max(2, int(round(seconds * fps)))
-    first = _smooth_pixels(rng, height, width).astype(np.int16)
-    shifts = np.arange(num_frames, dtype=np.int16)[:, None, None, None] * 3
-    frames = np.clip(first[None] + shifts, 0, 255).astype(np.uint8)
+    first = _smooth_pixels(rng, height, width)
+    if spec.panning_video:
+        # A camera pan (4 px per frame), generated frame by frame: long clips never sit in memory.
+        frames: Any = (np.roll(first, 4 * index, axis=1) for index in range(num_frames))
+    else:
+        shifts = np.arange(num_frames, dtype=np.int16)[:, None, None, None] * 3
+        frames = np.clip(first.astype(np.int16)[None] + shifts, 0, 255).astype(np.uint8)
     name = f"{path.name}.mp4"
-    path.with_name(name).write_bytes(encode_video(frames, fps))
+    path.with_name(name).write_bytes(encode_video(frames, fps, preset=spec.video_preset))
     return name
 
 

@@ -8,8 +8,13 @@ ratio holds on a noisy machine.
 
 - ``preencode`` (`bench_preencode`): preencode against the full Hugging Face processor call.
 - ``postencode`` (`bench_postencode`): postencode (float32 and uint8 payloads) against it.
-- ``loader`` (`bench_loader`): the whole packing loader against the processor-in-``encode_sample``
-  loader with Energon's own ``PackingDataset``.
+- ``loader`` (`bench_loader`): the whole packing loader, per buffer size and pixel payload,
+  against the eager design (the processor in ``encode_sample``, FFD with Energon's own
+  ``PackingDataset``) on the bench mix or on ``--dataset``: samples/s, worker USS / RSS,
+  buffered bytes, pixel bytes per row, fill and time per stage; its knobs come from the command
+  line (`bench_loader.loader_options`) and it prints two tables.
+- ``jpeg`` (`bench_jpeg`): the optional fast JPEG decode (``RowLayout.fast_jpeg_decode``, "ours")
+  against the exact path ("HF"): images/s, max abs difference and PSNR of the patches.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from energon_pack.tables import format_table
-from energon_pack.tools.bench_loader import bench_loader
+from energon_pack.tools.bench_jpeg import bench_jpeg
+from energon_pack.tools.bench_loader import bench_loader, loader_options
 from energon_pack.tools.bench_postencode import bench_postencode
 from energon_pack.tools.bench_preencode import bench_preencode
 from energon_pack.tools.common import BenchRows
@@ -33,9 +39,10 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "preencode": bench_preencode,
     "postencode": bench_postencode,
     "loader": bench_loader,
+    "jpeg": bench_jpeg,
 }
 #: Stages of ``--stage all``, in run order.
-STAGES: tuple[str, ...] = ("preencode", "postencode", "loader")
+STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -48,6 +55,11 @@ def run_bench(args: argparse.Namespace) -> int:
         bench = BENCHES.get(stage)
         if bench is None:
             print(f"energon-pack bench --stage {stage}: not implemented yet")
+            continue
+        if stage == "loader":
+            for title, rows, columns in bench(args.samples, work_dir, loader_options(args)):
+                print(f"\n{title}")
+                print(format_table(rows, columns))
             continue
         rows = bench(args.samples, work_dir)
         print(f"\n{stage} ({args.samples} samples; ratio = ours / HF)")

@@ -1,11 +1,25 @@
-"""``energon-pack bench --stage loader``: the whole packing loader against a loader whose task
-encoder runs the Hugging Face processor in ``encode_sample`` and packs each buffer
-first-fit-decreasing with Energon's own ``PackingDataset`` (`HFProcessorPackingTaskEncoder`):
-samples/s, fill, worker peak RSS and buffered bytes per sample."""
+"""``energon-pack bench --stage loader``: the packing loader against the eager design, on your data.
+
+The eager design is the Hugging Face processor in ``encode_sample`` (pixels for every buffered
+sample) and first-fit-decreasing per buffer with Energon's own ``PackingDataset``
+(`HFProcessorPackingTaskEncoder`), as Megatron-Bridge does. Both run on the
+same prepared dataset, row width and worker count; for every buffer size ours runs with each
+pixel payload and eager with its float32 payload. Runs are interleaved (every setting once per
+round, the order alternating) and repeated ``--epochs`` times; each run is one finite epoch.
+
+Per setting: samples/s (median and min-max over the runs), worker peak USS (private memory:
+``psutil memory_full_info().uss``, sampled every 50 ms in every worker process) and RSS, peak
+buffered bytes per worker, pixel bytes per row, rows in flight per worker (being built +
+``prefetch_factor`` queued), fill, and where the workers' time went (``energon_pack.stage_times``).
+"""
 
 from __future__ import annotations
 
+import statistics
+import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,16 +29,18 @@ from megatron.energon.edataclass import edataclass
 from megatron.energon.task_encoder.base import stateless
 
 from energon_pack.samples import QwenVLChatSample
+from energon_pack.stage_times import STAGES
 from energon_pack.tools.common import BenchRows, bench_dataset, hf_processor_outputs
 
-
-#: Row width W and buffer size of the loader benchmark (both loaders, 2 worker processes each).
-LOADER_ROW_WIDTH = 8192
-LOADER_BUFFER_SIZE = 16
-LOADER_WORKERS = 2
-#: Finite epochs each loader runs (taking turns), so that one noisy epoch does not decide samples/s.
-LOADER_EPOCHS = 2
-
+__all__ = [
+    "HFProcessorPackingTaskEncoder",
+    "LoaderBenchOptions",
+    "LoaderSetting",
+    "WorkerMemorySampler",
+    "bench_loader",
+    "loader_bench_tables",
+    "loader_options",
+]
 
 #: Visual fields of the processor output that the baseline buffers and packs.
 PROCESSED_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
@@ -52,7 +68,8 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
     Every buffered sample is fully processed (pixel tensors held in the buffer); each buffer
     of ``packing_buffer_size`` samples is packed first-fit-decreasing into rows of ``seq_length``
     tokens (overlong samples dropped). Each row carries ``__stats__`` with the bytes and sample
-    count of the worker's last full buffer, as the packing loader's rows carry theirs.
+    count of the worker's last full buffer and its seconds per stage ("HF processor", "row
+    assembly"), as the packing loader's rows carry theirs.
     """
 
     decoder = None
@@ -66,7 +83,10 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
 
     @stateless
     def encode_sample(self, sample: QwenVLChatSample) -> ProcessedSample:
-        outputs = hf_processor_outputs(self.processor, sample.conversation, sample.images, sample.videos)
+        from energon_pack.stage_times import timed
+
+        with timed("HF processor"):
+            outputs = hf_processor_outputs(self.processor, sample.conversation, sample.images, sample.videos)
         visual = {name: outputs.get(name) for name in PROCESSED_FIELDS}
         return ProcessedSample.derive_from(sample, input_ids=outputs["input_ids"][0], **visual)
 
@@ -80,6 +100,20 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
         return [[fitting[i] for i in positions] for positions in bins]
 
     def pack_selected_samples(self, samples: list[ProcessedSample]) -> dict:
+        from energon_pack.stage_times import stage_seconds, timed
+
+        with timed("row assembly"):
+            row = self._assemble(samples)
+        worker = torch.utils.data.get_worker_info()
+        row["__stats__"] = {
+            "buffered_bytes": self._buffer_bytes,
+            "buffered_samples": self._buffer_samples,
+            "worker_id": 0 if worker is None else worker.id,
+            "stage_seconds": stage_seconds(),
+        }
+        return row
+
+    def _assemble(self, samples: list[ProcessedSample]) -> dict:
         lengths = torch.tensor([0] + [s.input_ids.numel() for s in samples])
         input_ids = torch.full((1, self.seq_length), int(self.processor.tokenizer.pad_token_id), dtype=torch.int64)
         tokens = torch.cat([s.input_ids for s in samples])
@@ -89,7 +123,6 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
             "cu_seqlens_q": torch.cumsum(lengths, 0).to(torch.int32),
             "__keys__": [s.__key__ for s in samples],
             "__restore_key__": (),
-            "__stats__": {"buffered_bytes": self._buffer_bytes, "buffered_samples": self._buffer_samples},
         }
         for name in PROCESSED_FIELDS:
             present = [getattr(s, name) for s in samples if getattr(s, name) is not None]
@@ -101,121 +134,268 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
         return rows[0]
 
 
-def worker_peak_rss(exclude: set[int]) -> int:
-    """Largest ``VmHWM`` (bytes) among this process's child processes not in ``exclude``."""
-    import psutil
-
-    from energon_pack.stats import peak_rss_bytes
-
-    peak = 0
-    for child in psutil.Process().children(recursive=True):
-        if child.pid in exclude:
-            continue
-        try:
-            peak = max(peak, peak_rss_bytes(child.pid))
-        except psutil.NoSuchProcess:  # the worker just exited
-            continue
-    return peak
+#: Stage of the eager design's worker: the whole Hugging Face processor call.
+HF_PROCESSOR_STAGE = "HF processor"
 
 
-def measure_loader(loader: Any, desc: str, *, row_width: int) -> dict[str, float]:
-    """Run ``loader`` to its end: samples/s, rows, fill of ``row_width``-token rows, worker RSS, buffered bytes.
+@dataclass(frozen=True, kw_only=True)
+class LoaderBenchOptions:
+    """Knobs of the loader benchmark (``energon-pack bench --stage loader ...``)."""
 
-    Worker peak RSS is read from ``/proc/<pid>/status`` of the child processes after every row
-    (forked workers start at the parent's RSS, so the growth over it is reported too);
-    buffered bytes come from each row's ``__stats__`` telemetry.
+    dataset: Path | None = None
+    samples: int = 48
+    seq_length: int = 8192
+    buffer_sizes: tuple[int, ...] = (16, 64, 256)
+    workers: int = 2
+    pixel_dtypes: tuple[str, ...] = ("float32", "uint8")
+    epochs: int = 3
+    prefetch_factor: int = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderSetting:
+    """One column of the comparison: ``side`` "ours" or "eager", payload dtype, buffer size."""
+
+    side: str
+    pixel_dtype: str
+    buffer_size: int
+
+    @property
+    def label(self) -> str:
+        """Example: ``LoaderSetting(side="ours", pixel_dtype="uint8", buffer_size=64).label`` -> "ours uint8 B64"."""
+        return f"{self.side} {self.pixel_dtype} B{self.buffer_size}"
+
+
+def settings_of(options: LoaderBenchOptions) -> list[LoaderSetting]:
+    """Every setting of a benchmark: per buffer size, ours with each payload dtype, then eager (float32).
+
+    Example: buffers (16,), dtypes ("uint8",) -> [ours uint8 B16, eager float32 B16].
     """
-    import psutil
+    out = []
+    for buffer_size in options.buffer_sizes:
+        out += [LoaderSetting(side="ours", pixel_dtype=dtype, buffer_size=buffer_size) for dtype in options.pixel_dtypes]
+        out.append(LoaderSetting(side="eager", pixel_dtype="float32", buffer_size=buffer_size))
+    return out
+
+
+def interleaved(settings: Sequence[LoaderSetting], epochs: int) -> Iterator[tuple[int, LoaderSetting]]:
+    """(epoch, setting) in run order: every setting once per epoch, reversed every other epoch.
+
+    Example: settings a, b and 2 epochs -> (0, a), (0, b), (1, b), (1, a).
+    """
+    for epoch in range(epochs):
+        for setting in settings if epoch % 2 == 0 else reversed(settings):
+            yield epoch, setting
+
+
+class WorkerMemorySampler(threading.Thread):
+    """Samples USS and RSS of this process's new child processes (the loader's workers) every
+    ``interval`` seconds until stopped; keeps the peak of each over all children."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import psutil
+
+        super().__init__(daemon=True)
+        self.interval = interval
+        self._parent = psutil.Process()
+        self._existing = {child.pid for child in self._parent.children(recursive=True)}
+        self._stop_event = threading.Event()
+        self.peak_uss = 0
+        self.peak_rss = 0
+
+    def sample(self) -> None:
+        """One reading of every worker's USS and RSS."""
+        import psutil
+
+        for child in self._parent.children(recursive=True):
+            if child.pid in self._existing:
+                continue
+            try:
+                info = child.memory_full_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            self.peak_uss = max(self.peak_uss, info.uss)
+            self.peak_rss = max(self.peak_rss, info.rss)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            self.sample()
+
+    def stop(self) -> None:
+        """Stop sampling (after one last reading)."""
+        self.sample()
+        self._stop_event.set()
+        self.join()
+
+
+@dataclass
+class RunFigures:
+    """What one finite epoch of one setting measured."""
+
+    samples: int = 0
+    rows: int = 0
+    real_tokens: int = 0
+    pixel_bytes: int = 0
+    seconds: float = 0.0
+    peak_uss: int = 0
+    peak_rss: int = 0
+    peak_buffered: int = 0
+    #: Seconds per stage, summed over workers (each worker's last reported totals).
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def row_pixel_bytes(row: dict[str, Any]) -> int:
+    """Bytes of a row's pixel tensors, ours (``visual_inputs``) or eager (top-level fields).
+
+    Example: a row whose pixel_values is uint8 [10, 1176] and no video -> 11760.
+    """
+    source = row.get("visual_inputs")
+    tensors = (
+        [getattr(source, name) for name in ("pixel_values", "pixel_values_videos")]
+        if source is not None
+        else [row.get(name) for name in ("pixel_values", "pixel_values_videos")]
+    )
+    return sum(t.nbytes for t in tensors if t is not None)
+
+
+def measure_run(make_loader: Callable[[], Any], desc: str) -> RunFigures:
+    """Iterate a fresh loader to the end of its epoch while sampling its workers' memory."""
     from tqdm import tqdm
 
-    parent = psutil.Process()
-    before = {child.pid for child in parent.children(recursive=True)}
-    parent_rss = parent.memory_info().rss
-    samples = rows = real_tokens = 0
-    peak_rss = buffered_bytes = buffered_samples = peak_buffered = 0
+    figures = RunFigures()
+    sampler = WorkerMemorySampler()
+    sampler.start()
+    last_stats: dict[int, dict[str, float]] = {}
     start = time.perf_counter()
-    for row in tqdm(iter(loader), desc=desc, unit="row"):
-        rows += 1
-        samples += len(row["__keys__"])
-        real_tokens += int(row["cu_seqlens_q"][-1])
-        telemetry = row["__stats__"]
-        buffered_bytes += telemetry["buffered_bytes"]
-        buffered_samples += telemetry["buffered_samples"]
-        peak_buffered = max(peak_buffered, telemetry["buffered_bytes"])
-        peak_rss = max(peak_rss, worker_peak_rss(before))
-    seconds = time.perf_counter() - start
-    return {
-        "samples": samples,
-        "rows": rows,
-        "fill": real_tokens / (rows * row_width) if rows else 0.0,
-        "samples_per_s": samples / seconds,
-        "worker_peak_rss": peak_rss,
-        "worker_rss_growth": peak_rss - parent_rss,
-        "buffered_per_sample": buffered_bytes / buffered_samples if buffered_samples else 0.0,
-        "peak_buffered": peak_buffered,
-    }
+    try:
+        for row in tqdm(make_loader(), desc=desc, unit="row", leave=False):
+            figures.rows += 1
+            figures.samples += len(row["__keys__"])
+            figures.real_tokens += int(row["cu_seqlens_q"][-1])
+            figures.pixel_bytes += row_pixel_bytes(row)
+            telemetry = row["__stats__"]
+            figures.peak_buffered = max(figures.peak_buffered, telemetry.get("buffered_bytes", 0))
+            last_stats[telemetry.get("worker_id", 0)] = telemetry.get("stage_seconds", {})
+    finally:
+        figures.seconds = time.perf_counter() - start
+        sampler.stop()
+    figures.peak_uss, figures.peak_rss = sampler.peak_uss, sampler.peak_rss
+    for seconds in last_stats.values():
+        for stage, value in seconds.items():
+            figures.stage_seconds[stage] = figures.stage_seconds.get(stage, 0.0) + value
+    return figures
 
 
-def bench_loader(num_samples: int, work_dir: Path) -> BenchRows:
-    """The whole packing loader vs the HF-processor-in-``encode_sample`` loader (2 workers each).
-
-    Same prepared dataset, row width, buffer size and worker count. The two loaders take turns
-    (`LOADER_EPOCHS` finite epochs each, alternating which goes first); samples/s is the best
-    epoch of each, worker RSS the largest, the other figures are the same every epoch.
-    """
+def _loader_factory(setting: LoaderSetting, dataset: Path, processor: Any, options: LoaderBenchOptions) -> Callable[[], Any]:
     from megatron.energon import SavableDataLoader, WorkerConfig, get_train_dataset
 
     from energon_pack.config import PackingConfig
     from energon_pack.loader import get_packing_loader
     from energon_pack.pinning import pin_only_with_accelerator
-    from energon_pack.qwen.processor import load_processor
 
-    dataset = bench_dataset(work_dir, num_samples)
-    processor = load_processor()
     config = PackingConfig(
-        seq_length=LOADER_ROW_WIDTH, buffer_size=LOADER_BUFFER_SIZE, num_workers=LOADER_WORKERS, repeat=False
+        seq_length=options.seq_length,
+        buffer_size=setting.buffer_size,
+        num_workers=options.workers,
+        repeat=False,
+        pixel_dtype=setting.pixel_dtype,
+        prefetch_factor=options.prefetch_factor,
     )
+    if setting.side == "ours":
+        return lambda: get_packing_loader(dataset, config, processor)
 
-    def ours_loader() -> Any:
-        return get_packing_loader(dataset, config, processor)
-
-    def baseline_loader() -> Any:
-        baseline_dataset = get_train_dataset(
+    def eager() -> Any:
+        eager_dataset = get_train_dataset(
             dataset,
-            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=LOADER_WORKERS, seed_offset=config.seed),
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=options.workers, seed_offset=config.seed),
             batch_size=1,
-            packing_buffer_size=LOADER_BUFFER_SIZE,
+            packing_buffer_size=setting.buffer_size,
             shuffle_buffer_size=None,
             max_samples_per_sequence=None,
-            task_encoder=HFProcessorPackingTaskEncoder(processor, seq_length=LOADER_ROW_WIDTH),
+            task_encoder=HFProcessorPackingTaskEncoder(processor, seq_length=options.seq_length),
             repeat=False,
         )
-        return pin_only_with_accelerator(SavableDataLoader(baseline_dataset))
+        return pin_only_with_accelerator(SavableDataLoader(eager_dataset, prefetch_factor=options.prefetch_factor))
 
-    loaders = {"ours": ours_loader, "HF": baseline_loader}
-    epochs: dict[str, list[dict[str, float]]] = {"ours": [], "HF": []}
-    for epoch in range(LOADER_EPOCHS):
-        for side in loaders if epoch % 2 == 0 else reversed(loaders):
-            run = measure_loader(loaders[side](), f"{side} loader, epoch {epoch + 1}", row_width=LOADER_ROW_WIDTH)
-            epochs[side].append(run)
-    summary: dict[str, dict[str, float]] = {}
-    for side, runs in epochs.items():
-        summary[side] = dict(runs[0])
-        for key in ("samples_per_s", "worker_peak_rss", "worker_rss_growth"):
-            summary[side][key] = max(run[key] for run in runs)
+    return eager
 
-    def row(what: str, key: str, scale: float = 1.0) -> dict[str, Any]:
-        ours_value, hf_value = summary["ours"][key] / scale, summary["HF"][key] / scale
-        ratio = ours_value / hf_value if hf_value else float("nan")
-        return {"what": what, "ours": ours_value, "HF": hf_value, "ratio": ratio}
 
-    return [
-        row(f"samples/s (whole loader, best of {LOADER_EPOCHS} epochs)", "samples_per_s"),
-        row(f"fill (real tokens / rows*{LOADER_ROW_WIDTH})", "fill"),
-        row("rows", "rows"),
-        row("samples packed", "samples"),
-        row("worker peak RSS (MiB)", "worker_peak_rss", 2**20),
-        row("worker peak RSS over the parent's (MiB)", "worker_rss_growth", 2**20),
-        row("buffered KiB per sample", "buffered_per_sample", 2**10),
-        row("peak buffered MiB per worker", "peak_buffered", 2**20),
-    ]
+def _spread(values: Sequence[float]) -> str:
+    return f"{min(values):.3g}-{max(values):.3g}"
+
+
+def loader_bench_tables(options: LoaderBenchOptions, dataset: Path) -> list[tuple[str, list[dict[str, Any]], list[str]]]:
+    """Run every setting ``options.epochs`` times, interleaved; returns (title, rows, columns) tables:
+    the side-by-side figures and the split of worker time by stage."""
+    from energon_pack.qwen.processor import load_processor
+
+    processor = load_processor()
+    settings = settings_of(options)
+    runs: dict[LoaderSetting, list[RunFigures]] = {setting: [] for setting in settings}
+    for epoch, setting in interleaved(settings, options.epochs):
+        factory = _loader_factory(setting, dataset, processor, options)
+        runs[setting].append(measure_run(factory, f"{setting.label}, run {epoch + 1}/{options.epochs}"))
+
+    def rate(setting: LoaderSetting) -> float:
+        return statistics.median(run.samples / run.seconds for run in runs[setting])
+
+    def peak(setting: LoaderSetting, name: str) -> int:
+        return max(getattr(run, name) for run in runs[setting])
+
+    eager_of = {s.buffer_size: s for s in settings if s.side == "eager"}
+    smallest_eager = eager_of[min(eager_of)]
+    mib = float(2**20)
+    figures, stages = [], []
+    for setting in settings:
+        first = runs[setting][0]
+        eager = eager_of[setting.buffer_size]
+        figures.append({
+            "setting": setting.label,
+            "samples/s median": rate(setting),
+            "samples/s min-max": _spread([run.samples / run.seconds for run in runs[setting]]),
+            "vs eager same B": rate(setting) / rate(eager),
+            "worker peak USS MiB": peak(setting, "peak_uss") / mib,
+            "USS vs eager B{}".format(smallest_eager.buffer_size): peak(setting, "peak_uss") / peak(smallest_eager, "peak_uss"),
+            "worker peak RSS MiB": peak(setting, "peak_rss") / mib,
+            "peak buffered MiB/worker": peak(setting, "peak_buffered") / mib,
+            "pixel MiB/row": first.pixel_bytes / first.rows / mib if first.rows else 0.0,
+            "rows in flight/worker": options.prefetch_factor + 1,
+            "fill": first.real_tokens / (first.rows * options.seq_length) if first.rows else 0.0,
+            "rows": first.rows,
+            "samples": first.samples,
+        })
+        seconds = {stage: statistics.median(run.stage_seconds.get(stage, 0.0) for run in runs[setting]) for stage in (*STAGES, HF_PROCESSOR_STAGE)}
+        total = sum(seconds.values()) or 1.0
+        stages.append({"setting": setting.label, "worker s": total, **{f"{stage} %": 100 * value / total for stage, value in seconds.items()}})
+    title = (
+        f"loader: {dataset} (W={options.seq_length}, {options.workers} workers, prefetch_factor "
+        f"{options.prefetch_factor}, {options.epochs} interleaved runs per setting; eager = HF processor in "
+        "encode_sample + FFD per buffer)"
+    )
+    stage_title = "where worker time goes (median seconds over runs, summed over workers; % of the total)"
+    return [(title, figures, list(figures[0])), (stage_title, stages, list(stages[0]))]
+
+
+def bench_loader(num_samples: int, work_dir: Path, options: LoaderBenchOptions | None = None) -> list[tuple[str, BenchRows, list[str]]]:
+    """The packing loader vs the eager design on ``options.dataset``, or on the bench mix of
+    ``num_samples`` samples prepared (once) under ``work_dir``; (title, rows, columns) tables."""
+    import dataclasses
+
+    options = dataclasses.replace(options or LoaderBenchOptions(), samples=num_samples)
+    dataset = options.dataset if options.dataset is not None else bench_dataset(work_dir, num_samples)
+    return loader_bench_tables(options, dataset)
+
+
+def loader_options(args: Any) -> LoaderBenchOptions:
+    """The loader benchmark's knobs from the command line (defaults where ``args`` lacks one)."""
+    defaults = LoaderBenchOptions()
+    return LoaderBenchOptions(
+        dataset=getattr(args, "dataset", None),
+        samples=args.samples,
+        seq_length=getattr(args, "seq_length", defaults.seq_length),
+        buffer_sizes=tuple(getattr(args, "buffer_sizes", defaults.buffer_sizes)),
+        workers=getattr(args, "workers", defaults.workers),
+        pixel_dtypes=tuple(getattr(args, "pixel_dtype", defaults.pixel_dtypes)),
+        epochs=getattr(args, "epochs", defaults.epochs),
+        prefetch_factor=getattr(args, "prefetch_factor", defaults.prefetch_factor),
+    )

@@ -11,8 +11,20 @@ from typing import Any
 
 from energon_pack.samples import QwenVLChatSample
 
-#: Image and video sizes of the benchmark mix: photo-sized images, short VGA-ish clips.
-BENCH_SPEC_KWARGS: dict[str, Any] = dict(max_image_side=4000, max_video_seconds=10.0, max_video_side=480)
+#: Image and video sizes of the benchmark mix: photos of about 0.3-12 MP, panning clips of 10-120 s
+#: (encoded with x264 "ultrafast" and generated frame by frame, so the mix is quick to make).
+BENCH_SPEC_KWARGS: dict[str, Any] = dict(
+    min_image_side=548,
+    max_image_side=3464,
+    min_video_seconds=10.0,
+    max_video_seconds=120.0,
+    video_fps_choices=(10, 24),
+    max_video_side=320,
+    panning_video=True,
+    video_preset="ultrafast",
+)
+#: Version of the bench mix in its cache folder names (bumped when BENCH_SPEC_KWARGS change).
+BENCH_MIX_VERSION = 2
 
 #: Table rows of one benchmark: ``{"what": ..., "ours": ..., "HF": ..., "ratio": ...}``.
 BenchRows = list[dict[str, Any]]
@@ -26,7 +38,7 @@ def bench_samples(work_dir: Path, num_samples: int, *, seed: int = 0) -> list[Qw
     from energon_pack.conversation import parse_record
     from energon_pack.synthetic import SyntheticSpec, make_records
 
-    raw = Path(work_dir) / f"mix-{num_samples}-{seed}"
+    raw = Path(work_dir) / f"mix{BENCH_MIX_VERSION}-{num_samples}-{seed}"
     done = raw / ".complete"
     if not done.exists():
         print(f"generating {num_samples} benchmark samples in {raw} (once)")
@@ -54,8 +66,8 @@ def bench_dataset(work_dir: Path, num_samples: int, *, seed: int = 0) -> Path:
     from energon_pack.prepare import prepare_dataset
 
     bench_samples(work_dir, num_samples, seed=seed)
-    raw = Path(work_dir) / f"mix-{num_samples}-{seed}"
-    out = Path(work_dir) / f"dataset-{num_samples}-{seed}"
+    raw = Path(work_dir) / f"mix{BENCH_MIX_VERSION}-{num_samples}-{seed}"
+    out = Path(work_dir) / f"dataset{BENCH_MIX_VERSION}-{num_samples}-{seed}"
     if not (out / ".nv-meta" / "dataset.yaml").exists():
         prepare_dataset(raw / "records.jsonl", raw, out, samples_per_shard=16, progress=False)
     return out

@@ -326,6 +326,10 @@ class RowLayout:
         4x smaller to hold, pin and copy; normalised on the device by
         ``VisualInputs.normalized_for_model``, equal to the float32 payload) or "float32"
         (model-ready, the Hugging Face processor's ``pixel_values``).
+    fast_jpeg_decode: decode a JPEG whose resized size is at most half its own size (each side)
+        at 1/2, 1/4 or 1/8 scale in the DCT domain (PIL ``Image.draft``), then resize it to the
+        exact target size; faster for big photos, pixels close to but not equal to the exact path
+        (``energon-pack bench --stage jpeg`` reports the difference). Grids and tokens are unchanged.
     loss_reduction: what the trainer's per-token loss averages over: "token" (every supervised
         token alike), "sample" (each sample's mean loss alike) or "square" (InternVL's
         1/sqrt(n) weighting), realised as per-token weights in ``loss_mask``.
@@ -340,6 +344,7 @@ class RowLayout:
     pad_cu_seqlens: bool = False
     max_segments: int | None = None
     pixel_dtype: Literal["float32", "uint8"] = "uint8"
+    fast_jpeg_decode: bool = False
     loss_reduction: Literal["token", "sample", "square"] = "token"
 
     def __post_init__(self) -> None:
@@ -355,8 +360,12 @@ class RowLayout:
         return self.topology.pad_multiple if self.pad_to_multiple_of is None else self.pad_to_multiple_of
 
     def fingerprint(self) -> dict[str, Any]:
-        """Resume-relevant values, the alignment multiple instead of the topology that derives it."""
-        return {**_fingerprint_fields(self), "pad_multiple": self.pad_multiple}
+        """Resume-relevant values, the alignment multiple instead of the topology that derives it
+        (``fast_jpeg_decode`` only when set, so that states saved before it existed still resume)."""
+        values = {**_fingerprint_fields(self), "pad_multiple": self.pad_multiple}
+        if not values["fast_jpeg_decode"]:
+            del values["fast_jpeg_decode"]
+        return values
 
     def problems(self) -> Iterator[str | None]:
         """One line per violated rule (None for rules that hold)."""
@@ -378,6 +387,7 @@ class RowLayout:
                 "true and max_segments: N (e.g. 64), or pad_cu_seqlens: false"
             )
         yield _choice_problem("pixel_dtype", self.pixel_dtype, PIXEL_DTYPES)
+        yield _bool_problem("fast_jpeg_decode", self.fast_jpeg_decode)
         yield _choice_problem("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
 
     def _width_problems(self, topology_ok: bool) -> Iterator[str | None]:

@@ -97,6 +97,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             processor if processor is not None else load_processor(),
             rope_spec=rope_spec,
             uint8_pixels=config.row.pixel_dtype == "uint8",
+            fast_jpeg=config.row.fast_jpeg_decode,
         )
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.

@@ -495,7 +495,9 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
     assert config.fingerprint() == {**config.row.fingerprint(), **config.policy.fingerprint(),
                                     **config.loader.fingerprint()}
     # buffer_tokens enters only when set (states saved before it existed still resume).
-    unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens"}
+    # buffer_tokens and fast_jpeg_decode enter only when set (see test_optional_knobs_enter_the_fingerprint_when_set).
+    unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens",
+                       "fast_jpeg_decode"}
     part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}
     assert set(config.fingerprint()) == part_keys - unfingerprinted | {"pad_multiple"}
 
@@ -552,3 +554,11 @@ def test_every_equally_close_key_is_suggested(tmp_path: Path) -> None:
     path.write_text("seq_length: 8192\ntopology:\n  cpp: 2\n")
     with pytest.raises(ValueError, match=r"'cpp' \(did you mean 'cp' or 'pp'\?\)"):
         PackingConfig.from_yaml(path)
+
+
+def test_optional_knobs_enter_the_fingerprint_when_set() -> None:
+    plain = PackingConfig(seq_length=8192).fingerprint()
+    assert "fast_jpeg_decode" not in plain and "buffer_tokens" not in plain
+    assert PackingConfig(seq_length=8192, fast_jpeg_decode=True).fingerprint()["fast_jpeg_decode"] is True
+    with pytest.raises(ValueError, match="fast_jpeg_decode='yes': must be a boolean"):
+        PackingConfig(seq_length=8192, fast_jpeg_decode="yes")

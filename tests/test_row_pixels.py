@@ -78,3 +78,32 @@ def test_pixels_written_into_the_row_payload_equal_per_sample_pixels(processor, 
         assert torch.equal(getattr(row, name), getattr(expected, name)), name
     # The row's payload is the preallocated tensor itself.
     assert row.pixel_values is slots[0].images._base and row.pixel_values_videos is slots[2].videos._base
+
+
+def test_fast_jpeg_decode_keeps_the_grid_and_stays_close_to_the_exact_path(processor) -> None:
+    from energon_pack.qwen.geometry import VisionSpec, image_grid
+    from energon_pack.qwen.pixels import decode_image, image_pixels
+    from energon_pack.synthetic import _smooth_pixels
+    from energon_pack.tools.bench_jpeg import psnr
+
+    spec = VisionSpec.from_processor(processor)
+    big = encode_image(_smooth_pixels(np.random.default_rng(1), 1800, 2400), "JPEG", "RGB")
+    grid = np.array([image_grid(1800, 2400, spec)])
+    exact = image_pixels(processor, [big], grid, uint8=True)
+    fast = image_pixels(processor, [big], grid, uint8=True, fast_jpeg=True)
+    assert fast.shape == exact.shape and not torch.equal(fast, exact)
+    difference = fast.double() - exact.double()
+    assert psnr(float((difference**2).sum()), difference.numel()) > 35
+    # Decoded at reduced scale straight to the target size; a small JPEG or a PNG decodes exactly.
+    target = (int(grid[0, 2]) * spec.patch_size, int(grid[0, 1]) * spec.patch_size)
+    assert decode_image(big, draft_size=target).size == target
+    small = encode_image(_smooth_pixels(np.random.default_rng(2), 200, 300), "JPEG", "RGB")
+    assert decode_image(small, draft_size=(280, 196)).size == (300, 200)
+    png = encode_image(_smooth_pixels(np.random.default_rng(3), 1800, 2400), "PNG", "RGB")
+    assert decode_image(png, draft_size=target).size == (2400, 1800)
+
+
+def test_psnr_of_equal_and_of_shifted_values() -> None:
+    from energon_pack.tools.bench_jpeg import psnr
+
+    assert psnr(0.0, 10) == float("inf") and round(psnr(4.0 * 100, 100), 2) == 42.11

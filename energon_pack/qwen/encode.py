@@ -76,12 +76,16 @@ class QwenChatEncoder:
     device (``VisualInputs.normalized_for_model``).
     """
 
-    def __init__(self, processor: Any, *, rope_spec: RopeSpec | None = None, uint8_pixels: bool = False) -> None:
+    def __init__(
+        self, processor: Any, *, rope_spec: RopeSpec | None = None, uint8_pixels: bool = False, fast_jpeg: bool = False
+    ) -> None:
         self.processor = processor
         self.vision = VisionSpec.from_processor(processor)
         self.rope_spec = rope_spec or RopeSpec.from_processor(processor)
         self.markers = ChatMarkers.from_tokenizer(processor.tokenizer)
         self.uint8_pixels = uint8_pixels
+        #: Decode big JPEGs at reduced scale straight to their target size (``RowLayout.fast_jpeg_decode``).
+        self.fast_jpeg = fast_jpeg
 
     def prepare(
         self,
@@ -179,6 +183,7 @@ class QwenChatEncoder:
                 prepared.image_grid_thw.numpy(),
                 uint8=self.uint8_pixels,
                 max_pixels=prepared.image_max_pixels,
+                fast_jpeg=self.fast_jpeg,
                 out=slots.images,
             )
         if videos:

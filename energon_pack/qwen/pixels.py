@@ -28,13 +28,29 @@ from energon_pack.stage_times import timed
 from energon_pack.qwen.template import VideoTiming
 
 
-def decode_image(data: bytes) -> Any:
-    """Open and fully decode one image (PIL, original mode); corrupt or truncated data is a bad sample."""
+def decode_image(data: bytes, *, draft_size: tuple[int, int] | None = None) -> Any:
+    """Open and fully decode one image (PIL, original mode); corrupt or truncated data is a bad sample.
+
+    With ``draft_size`` (width, height), a JPEG at least twice that size on each side is decoded at
+    the largest of 1/2, 1/4, 1/8 scale that stays at least ``draft_size`` (DCT-domain downscale,
+    PIL ``Image.draft``), then resized to exactly ``draft_size`` (bicubic). Other images decode as is.
+    Example: a 4000x3000 JPEG with ``draft_size=(980, 728)`` decodes at 1000x750, then 980x728.
+    """
     from PIL import Image
 
     try:
         image = Image.open(io.BytesIO(data))
+        drafted = (
+            draft_size is not None
+            and image.format == "JPEG"
+            and 2 * draft_size[0] <= image.width
+            and 2 * draft_size[1] <= image.height
+        )
+        if drafted:
+            image.draft(image.mode, draft_size)
         image.load()
+        if drafted and image.size != draft_size:
+            image = image.resize(draft_size, Image.BICUBIC)
     except Image.DecompressionBombError as err:
         raise BadSampleError("pixel_bomb", str(err)) from None
     except Exception as err:  # PIL raises OSError, SyntaxError, ValueError... on bad data
@@ -188,6 +204,7 @@ def image_pixels(
     *,
     uint8: bool = False,
     max_pixels: int | None = None,
+    fast_jpeg: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``pixel_values`` [P, C*T*p*p] (float32, or uint8 with ``uint8=True``) of a sample's images;
@@ -196,22 +213,26 @@ def image_pixels(
     Images are decoded and processed one at a time (each freed once patchified), which gives the
     same patches as one processor call on all of them. With ``out`` (a [P, C*T*p*p] slot of the
     row's payload, see :func:`allocate_row_pixels`) the patches are written there and ``out`` is
-    returned."""
+    returned. ``fast_jpeg`` decodes big JPEGs at reduced scale straight to the size the grid
+    gives (:func:`decode_image` with ``draft_size``)."""
+    patch = int(processor.image_processor.patch_size)
     kwargs = _payload_kwargs(uint8)
     if max_pixels is not None:
         kwargs["size"] = {**dict(processor.image_processor.size), "longest_edge": max_pixels}
 
-    def process(data: bytes) -> Callable[[], Any]:
+    def process(data: bytes, grid: np.ndarray) -> Callable[[], Any]:
+        draft_size = (int(grid[2]) * patch, int(grid[1]) * patch) if fast_jpeg else None
+
         def run() -> Any:
             with timed("decode"):
-                image = decode_image(data)
+                image = decode_image(data, draft_size=draft_size)
             with timed("resize/patchify"):
                 return processor.image_processor(images=[image], return_tensors="pt", **kwargs)
 
         return run
 
     pixels = _fill(
-        out, expected_grid_thw, [process(data) for data in images],
+        out, expected_grid_thw, [process(data, grid) for data, grid in zip(images, expected_grid_thw)],
         kind="image", grid_key="image_grid_thw", pixel_key="pixel_values",
     )
     return pixels.to(torch.uint8) if uint8 else pixels

@@ -74,6 +74,8 @@ class QwenChatEncoder:
     ``rope_spec``: rope constants (``RopeSpec.from_processor(processor)`` when None);
     ``uint8_pixels``: emit resized, patchified uint8 pixels and leave rescale/normalise to the
     device (``VisualInputs.normalized_for_model``).
+    ``fast_jpeg``: decode a JPEG at least twice its target size at reduced scale (DCT domain), then
+    resize it to the target (``qwen.pixels.decode_image``); pixels close to, not equal to, the exact path.
     """
 
     def __init__(

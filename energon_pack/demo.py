@@ -47,26 +47,31 @@ def run_demo(*, out_dir: Path | None, num_samples: int, seq_length: int, num_wor
     from energon_pack.qwen.processor import load_processor
 
     work = out_dir or cache_dir("demo")
-    print(f"energon-pack demo: data in {work}")
+    print(f"energon-pack demo: data in {work}", flush=True)
     dataset = ensure_synthetic_dataset(work, num_samples)
     processor = load_processor()
     config = PackingConfig(seq_length=seq_length, buffer_size=16, num_workers=num_workers, repeat=False)
     checkpointing = dict(checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
 
-    loader = get_packing_loader(dataset, config, processor, **checkpointing)
     rows: list[dict[str, Any]] = []
     saved_state, saved_at = None, None
     start = time.perf_counter()
-    for row in tqdm(loader, desc="packing", unit="row"):
-        rows.append(row)
-        if saved_state is None and len(rows) >= 3:
-            saved_state, saved_at = loader.save_state_rank(), len(rows)
-    elapsed = time.perf_counter() - start
-    stats = loader.stats()
+    with get_packing_loader(dataset, config, processor, **checkpointing) as loader:
+        for row in tqdm(loader, desc="packing", unit="row"):
+            rows.append(row)
+            if saved_state is None and len(rows) >= 3:
+                saved_state, saved_at = loader.save_state_rank(), len(rows)
+        elapsed = time.perf_counter() - start
+        stats = loader.stats()
 
-    resumed = get_packing_loader(dataset, config, processor, **checkpointing)
-    resumed.restore_state_rank(saved_state)
-    continuation = list(resumed)
+    print(
+        f"resume check: a fresh loader restores the state saved after row {saved_at} and re-reads the rest of "
+        "the epoch (skip warnings below come from this re-read)",
+        flush=True,
+    )
+    with get_packing_loader(dataset, config, processor, **checkpointing) as resumed:
+        resumed.restore_state_rank(saved_state)
+        continuation = list(tqdm(resumed, desc="resume check", unit="row"))
     expected = rows[saved_at:] if saved_at is not None else []
     resume_ok = len(continuation) == len(expected) and all(map(rows_equal, continuation, expected))
 
@@ -87,5 +92,5 @@ def run_demo(*, out_dir: Path | None, num_samples: int, seq_length: int, num_wor
         *({"metric": f"  skipped: {reason}", "value": count} for reason, count in stats["skipped"].items()),
         {"metric": f"resume after row {saved_at}: identical continuation", "value": "yes" if resume_ok else "NO"},
     ]
-    print(format_table(report))
+    print(format_table(report), flush=True)
     return 0 if resume_ok else 1

@@ -98,3 +98,26 @@ def test_plan_command_writes_a_plan_the_loader_reads(tmp_path, capsys, synthetic
     assert float(values["plan file (KiB)"]) > 0
     rows = list(get_packing_loader(dataset, dataclasses.replace(config, num_workers=0), processor, plan=out))
     assert len(rows) == plan.num_rows
+
+
+@pytest.mark.slow
+def test_demo_labels_the_resume_re_read_and_reports_last(tmp_path):
+    """Run as a user would (a pipe, stderr and stdout interleaved): every skip warning comes before
+    the report, and those of the resume check's re-read follow the line that says so."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "energon_pack.cli", "demo", "--out", str(tmp_path), "--samples", "40", "--workers", "2"]
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:]
+    lines = done.stdout.splitlines()
+    label = next(i for i, line in enumerate(lines) if line.startswith("resume check: a fresh loader"))
+    report = next(i for i, line in enumerate(lines) if line.strip().startswith("metric") and "value" in line)
+    skips = [i for i, line in enumerate(lines) if "skipping sample" in line]
+    assert skips, "the synthetic data holds corrupt samples"
+    assert label < report and all(i < report for i in skips), done.stdout[-4000:]
+    assert any(i < label for i in skips), "the first pass reports its skips before the resume check"

@@ -10,6 +10,7 @@ import pytest
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
 from energon_pack.cli import main as cli_main
+from energon_pack.pinning import pin_only_with_accelerator
 from energon_pack.prepare import PrepareError, format_report, prepare_dataset
 from energon_pack.samples import QwenVLChatSample
 from energon_pack.synthetic import encode_image, encode_video
@@ -54,7 +55,7 @@ def _load_all(path: Path, num_workers: int) -> dict[str, QwenVLChatSample]:
         repeat=False,
     )
     samples = {}
-    for sample in get_loader(dataset):
+    for sample in pin_only_with_accelerator(get_loader(dataset)):
         assert isinstance(sample, QwenVLChatSample)
         assert sample.__key__ not in samples
         samples[sample.__key__] = sample
@@ -146,7 +147,7 @@ def _split_keys(path: Path, split: str) -> list[str]:
     dataset = get_val_dataset(
         path, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None
     )
-    return [sample.__key__ for sample in get_loader(dataset)]
+    return [sample.__key__ for sample in pin_only_with_accelerator(get_loader(dataset))]
 
 
 def test_a_small_dataset_splits_by_samples_not_shards(tmp_path: Path):

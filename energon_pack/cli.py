@@ -66,7 +66,8 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line naming the fix (exit code 2), not usage + error."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}; fix: see `{self.prog} --help`\n")
+        hint = "" if "fix:" in message else f"; fix: see `{self.prog} --help`"
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
 
 
 def comma_separated_ints(text: str) -> list[int]:

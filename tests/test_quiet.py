@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="pinned memory is used where an accelerator exists")
 def test_no_pinned_memory_warning_without_an_accelerator(synthetic_dataset, processor):
-    config = PackingConfig(seq_length=4096, num_workers=1, repeat=False)
+    config = PackingConfig(seq_length=4096, num_workers=0, repeat=False)  # torch warns with or without workers
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loader = get_packing_loader(synthetic_dataset.out_dir, config, processor)

@@ -1,25 +1,54 @@
-# `make demo`, `make test` (everything, what CI runs) and `make test-fast` (the quick loop:
-# no worker processes, torchrun, notebooks or model oracle). Each creates .venv when missing.
+# `make demo`, `make test` (everything, what CI runs: the main suite, then the compatibility run)
+# and `make test-fast` (the quick loop: no worker processes, torchrun, notebooks or model oracle).
+# Each creates the virtual environment it needs when missing.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# torch/torchvision are pinned to the releases that lie on local disk (the versions pinned in pyproject.toml).
-TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# pyproject.toml declares the supported version ranges; our own test runs use the exact versions
+# in constraints/ (torch 2.14.1 / torchvision 0.29.1 are the releases on local disk).
+CONSTRAINTS := constraints/py311.txt
 
-.PHONY: demo test test-fast install install-test clean
+# Compatibility run: Python 3.12 beside Megatron-Bridge 0.6.2 and transformers 5.12.1 (the
+# newest Bridge allows): golden token, pixel and rope tests, Bridge's own training-step code,
+# and the install check. Python 3.12: pyenv's 3.12.x (its bare python3.12 shim needs
+# PYENV_VERSION), else python3.12 on PATH; override with PYTHON312=/path/to/python3.12.
+COMPAT_VENV := .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_CONSTRAINTS := constraints/compat-py312.txt
+PYTHON312 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
+# Golden tests on a fifth of each golden mix (the main run checks all of it on transformers 5.24).
+COMPAT_GOLDEN_FRACTION := 0.2
+COMPAT_TESTS := tests/test_rope.py tests/test_geometry.py tests/test_processor.py \
+	tests/test_preencode.py::test_preencode_equals_hf_processor \
+	tests/test_preencode.py::test_preencode_equals_hf_processor_with_custom_limits \
+	tests/test_postencode.py::test_postencode_pixels_equal_hf_processor \
+	tests/test_postencode.py::test_uint8_payload_normalises_to_the_float32_payload \
+	tests/test_step.py tests/test_bridge_step.py tests/test_install.py
+
+.PHONY: demo test test-fast test-compat install install-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-$(VENV)/.installed: $(PY) pyproject.toml
-	$(PIP) install --quiet $(TORCH_PINS)
-	$(PIP) install --quiet -e ".[plot]" $(TORCH_PINS)
+$(VENV)/.installed: $(PY) pyproject.toml $(CONSTRAINTS)
+	$(PIP) install --quiet -e ".[plot]" -c $(CONSTRAINTS)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install --quiet -e ".[test,plot]" $(TORCH_PINS)
+	$(PIP) install --quiet -e ".[test,plot]" -c $(CONSTRAINTS)
+	touch $@
+
+# Bridge and Megatron-Core come without their dependencies (CUDA-only builds); their training-step
+# modules need only what the first line installs. torch comes from the package index here (a few
+# GB the first time; pip's cache keeps later builds fast).
+$(COMPAT_VENV)/.installed: pyproject.toml $(COMPAT_CONSTRAINTS)
+	$(PYTHON312) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet --upgrade pip
+	$(COMPAT_PY) -m pip install --quiet -e ".[test]" datasets omegaconf einops tensorboard nvidia-modelopt \
+		-c $(COMPAT_CONSTRAINTS)
+	$(COMPAT_PY) -m pip install --quiet --no-deps megatron-bridge megatron-core -c $(COMPAT_CONSTRAINTS)
 	touch $@
 
 install: $(VENV)/.installed
@@ -33,9 +62,20 @@ PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest --durations=15
 
 test: install-test
 	$(PYTEST)
+	$(MAKE) --no-print-directory test-compat
 
 test-fast: install-test
 	$(PYTEST) -m "not slow" --timeout=300
 
+test-compat:
+	@if [ -n "$(PYTHON312)" ] && "$(PYTHON312)" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
+		$(MAKE) --no-print-directory $(COMPAT_VENV)/.installed PYTHON312="$(PYTHON312)" && \
+		HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ENERGON_PACK_GOLDEN_FRACTION=$(COMPAT_GOLDEN_FRACTION) \
+			$(COMPAT_PY) -m pytest --durations=10 $(COMPAT_TESTS); \
+	else \
+		echo "SKIPPED the compatibility run (Python 3.12, transformers 5.12.1, Megatron-Bridge 0.6.2):" \
+			"no working Python 3.12 found; set PYTHON312=/path/to/python3.12"; \
+	fi
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .hypothesis

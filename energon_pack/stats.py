@@ -226,11 +226,15 @@ def publish_snapshot(directory: str, snapshot: Mapping[str, Any]) -> None:
     """Atomically write a worker's snapshot to ``directory/worker-<id>.json`` for the main process.
 
     Rows carry snapshots too, but a skip after a worker's last row (or a worker whose samples
-    are all bad) would never reach the main process that way.
+    are all bad) would never reach the main process that way. Nothing is written once the
+    directory is gone: its loader was dropped while a row stream was still open (a stream
+    closed by garbage collection publishes last), so nobody can read the snapshot any more.
     """
     import json
     import os
 
+    if not os.path.isdir(directory):
+        return
     path = os.path.join(directory, f"worker-{snapshot['worker_id']}.json")
     partial = f"{path}.{os.getpid()}.tmp"
     with open(partial, "w", encoding="utf-8") as out:

@@ -9,11 +9,15 @@ prompts and several rounds. Big images are rare so that Hugging Face processing 
 
 The Hugging Face reference they are compared with is ``tests.hf_reference.hf_reference``.
 ``chat_sample(golden, key)`` wraps a golden sample as the ``QwenVLChatSample`` preencode consumes.
+``golden_count(n)`` is how many samples of an n-sample golden mix run (all, unless the
+compatibility run asks for a prefix).
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import os
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -23,6 +27,9 @@ from energon_pack.conversation import Message
 from energon_pack.samples import QwenVLChatSample
 from energon_pack.synthetic import IMAGE_KINDS, encode_image, encode_video
 
+#: Share of each large golden mix that runs: 1 in the main suite; the compatibility run
+#: (``make test-compat``, a second transformers release) checks a prefix of every mix.
+GOLDEN_FRACTION = float(os.environ.get("ENERGON_PACK_GOLDEN_FRACTION", "1"))
 #: Resize factor (patch * merge) per family; sizes near its multiples exercise the rounding.
 FAMILY_FACTORS = {"qwen2-vl": 28, "qwen2.5-vl": 28, "qwen3-vl": 32}
 #: Source frame rates of the generated videos (frames/s); 30000/1001 is NTSC 29.97.
@@ -190,6 +197,14 @@ def golden_samples(n: int, seed: int, *, family: str) -> list[GoldenSample]:
     corners = corner_samples(seed)[:n]
     rest = [golden_sample(np.random.default_rng([seed, index]), family=family) for index in range(len(corners), n)]
     return corners + rest
+
+
+def golden_count(n: int) -> int:
+    """``n`` scaled by GOLDEN_FRACTION, at least 1 (mixes are prefix-stable, so this is a prefix).
+
+    Example: with GOLDEN_FRACTION 0.2, ``golden_count(500)`` -> 100.
+    """
+    return max(1, math.ceil(n * GOLDEN_FRACTION))
 
 
 def chat_sample(golden: GoldenSample, key: str) -> QwenVLChatSample:

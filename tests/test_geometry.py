@@ -1,4 +1,10 @@
-"""Qwen-VL geometry: hand-computed cases, invariants, and agreement with the Hugging Face processors."""
+"""Qwen-VL geometry: hand-computed cases, invariants, and agreement with the Hugging Face processors.
+
+Where supported transformers releases differ (the Qwen3-VL clip resize before 5.15, the per-frame
+pixel cap from 5.16), both rules have golden cases and the installed release's is compared with HF.
+Processors are configured with ``size=``: transformers 5.12 lets ``min_pixels=`` change the class
+defaults of every later processor.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ from energon_pack.qwen.geometry import (
     smart_resize_clip,
     video_grid,
 )
+from energon_pack.qwen.hf_release import qwen3_clip_rule
 from energon_pack.qwen.media import BadMediaError
 
 # Published Qwen3-VL preprocessor_config.json image limits (the image processor is Qwen2VLImageProcessor, patch 16).
@@ -52,8 +59,15 @@ QWEN3 = VisionSpec(
 )
 
 
+#: The installed transformers has the qwen-vl-utils per-frame pixel cap option (5.16 on).
+FRAME_CAP = hasattr(Qwen2VLVideoProcessor, "cap_pixels_per_frame")
+VIDEO_PROCESSORS = ["qwen2.5", "qwen3"] + (["qwen2.5-cap", "qwen3-cap"] if FRAME_CAP else [])
+
+
 def hf_video_processors() -> dict[str, object]:
-    """HF video processors with default settings, uncapped and with the qwen-vl-utils per-frame cap."""
+    """HF video processors with default settings, uncapped and (where the release has it) with the cap."""
+    if not FRAME_CAP:
+        return {"qwen2.5": Qwen2VLVideoProcessor(), "qwen3": Qwen3VLVideoProcessor()}
     return {
         "qwen2.5": Qwen2VLVideoProcessor(cap_pixels_per_frame=False),
         # max_video_tokens=200 -> budget int(0.9*200*28*28)*2 // n px per frame: bites from a few frames on.
@@ -116,6 +130,21 @@ def test_smart_resize_clip_golden():
     assert caught.value.reason == "too_few_frames"
 
 
+def test_smart_resize_clip_golden_before_transformers_5_15():
+    """The "ceil" rule: t_bar rounds up, a side below the factor is refused, one frame is a clip."""
+    limits = dict(factor=32, temporal_factor=2, min_pixels=131072, max_pixels=786432, rule="ceil")
+    assert smart_resize_clip(8, 480, 640, **limits) == (256, 352)  # an even count: as "round"
+    # 5 frames of 384x480: "round" takes t_bar = 4 and 4*384*480 = 737280 fits the 786432 budget, so the
+    # sides stay; "ceil" takes t_bar = 6 (1105920, too big): beta = sqrt(5*384*480/786432) = 1.0825 ->
+    # floor(354.7/32)=11 -> 352, floor(443.4/32)=13 -> 416.
+    assert smart_resize_clip(5, 384, 480, **limits) == (352, 416)
+    assert smart_resize_clip(5, 384, 480, **{**limits, "rule": "round"}) == (384, 480)
+    assert smart_resize_clip(1, 480, 640, **limits) == (480, 640)  # t_bar 2: 614400 px fits
+    with pytest.raises(BadMediaError) as caught:
+        smart_resize_clip(2, 10, 40, **limits)
+    assert caught.value.reason == "frame_too_small"
+
+
 sides = st.integers(min_value=1, max_value=6000)
 pixel_limits = st.tuples(st.integers(1, 2_000_000), st.integers(1, 20_000_000)).map(sorted)
 
@@ -138,13 +167,14 @@ def test_smart_resize_equals_hf(height, width, factor, limits):
 def test_smart_resize_clip_equals_hf(frames, height, width, factor, limits):
     min_pixels, max_pixels = limits
     kwargs = dict(factor=factor, temporal_factor=2, min_pixels=min_pixels, max_pixels=max_pixels)
+    rule = qwen3_clip_rule()
     try:
         expected = hf_smart_resize_clip(frames, height, width, **kwargs)
     except ValueError:
         with pytest.raises(BadMediaError):
-            smart_resize_clip(frames, height, width, **kwargs)
+            smart_resize_clip(frames, height, width, **kwargs, rule=rule)
         return
-    assert smart_resize_clip(frames, height, width, **kwargs) == expected
+    assert smart_resize_clip(frames, height, width, **kwargs, rule=rule) == expected
 
 
 @settings(max_examples=300, deadline=None)
@@ -178,7 +208,7 @@ def random_sizes(count: int, seed: int, max_side: tuple[int, int]) -> list[tuple
 
 IMAGE_CASES = [
     ("qwen2.5-default", dict(), random_sizes(34, seed=0, max_side=(4000, 3000))),
-    ("qwen2.5-small-limits", dict(min_pixels=200704, max_pixels=401408),
+    ("qwen2.5-small-limits", dict(size={"shortest_edge": 200704, "longest_edge": 401408}),
      random_sizes(12, seed=1, max_side=(3000, 4000))),
     ("qwen3-default", dict(patch_size=16, size=QWEN3_IMAGE_SIZE), random_sizes(12, seed=2, max_side=(1400, 1400))),
     ("qwen3-small-limits", dict(patch_size=16, size={"shortest_edge": 65536, "longest_edge": 1048576}),
@@ -211,11 +241,11 @@ VIDEO_CASES = [  # (total frames T, fps_in, height, width)
     (301, 29.97, 240, 426),  # ~10 s -> 20 frames, odd width
     (3, 25.0, 1080, 1920),  # 3 frames -> floor_2(3) = 2
     (48, 8.0, 720, 90),  # tall
-    (40, 2.0, 20, 30),  # tiny frames (Qwen3 scales sides up to the factor first)
+    (40, 2.0, 20, 30),  # tiny frames (Qwen3 scales sides up to the factor first, or refuses them before 5.15)
 ]
 
 
-@pytest.mark.parametrize("processor_name", ["qwen2.5", "qwen2.5-cap", "qwen3", "qwen3-cap"])
+@pytest.mark.parametrize("processor_name", VIDEO_PROCESSORS)
 def test_video_grid_equals_hf(processor_name):
     video_processor = hf_video_processors()[processor_name]
     spec = spec_for(video_processor)
@@ -224,11 +254,16 @@ def test_video_grid_equals_hf(processor_name):
         indices = sample_frame_indices(total, fps_in, spec)
         frames = np.zeros((len(indices), height, width, 3), dtype=np.uint8)
         metadata = {"total_num_frames": total, "fps": fps_in, "frames_indices": indices}
-        out = video_processor(videos=[frames], do_sample_frames=False, video_metadata=[metadata], return_tensors="pt")
+        try:
+            out = video_processor(videos=[frames], do_sample_frames=False, video_metadata=[metadata], return_tensors="pt")
+        except ValueError:
+            with pytest.raises(BadMediaError):
+                video_grid(len(indices), height, width, spec)
+            continue
         assert list(video_grid(len(indices), height, width, spec)) == out["video_grid_thw"][0].tolist(), (total, height)
 
 
-@pytest.mark.parametrize("processor_name", ["qwen2.5", "qwen2.5-cap", "qwen3", "qwen3-cap"])
+@pytest.mark.parametrize("processor_name", VIDEO_PROCESSORS)
 @pytest.mark.parametrize("num_frames", [2, 5, 64])
 def test_video_grid_any_frame_count_equals_hf(processor_name, num_frames):
     """Odd counts pad the last temporal group; long clips make the caps / clip budget bite."""
@@ -240,13 +275,26 @@ def test_video_grid_any_frame_count_equals_hf(processor_name, num_frames):
     assert list(video_grid(num_frames, 120, 200, spec)) == out["video_grid_thw"][0].tolist()
 
 
-def test_qwen3_video_grid_rejects_single_frame_like_hf():
+def test_qwen3_single_frame_clip_like_hf():
+    """Refused from transformers 5.15 on; earlier releases pad the frame to a temporal patch."""
     frames = np.zeros((1, 64, 64, 3), dtype=np.uint8)
-    with pytest.raises(ValueError):
-        Qwen3VLVideoProcessor(cap_pixels_per_frame=False)(videos=[frames], do_sample_frames=False)
-    with pytest.raises(BadMediaError) as caught:
-        video_grid(1, 64, 64, QWEN3)
-    assert caught.value.reason == "too_few_frames"
+    video_processor = hf_video_processors()["qwen3"]
+    if QWEN3.clip_rule == "round":
+        with pytest.raises(ValueError):
+            video_processor(videos=[frames], do_sample_frames=False)
+        with pytest.raises(BadMediaError) as caught:
+            video_grid(1, 64, 64, QWEN3)
+        assert caught.value.reason == "too_few_frames"
+    else:
+        out = video_processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
+        assert list(video_grid(1, 64, 64, QWEN3)) == out["video_grid_thw"][0].tolist()
+
+
+def test_clip_rule_follows_the_installed_transformers():
+    assert QWEN3.clip_rule == qwen3_clip_rule() and QWEN25.clip_rule is None
+    assert VisionSpec(**{**QWEN3.__dict__, "clip_rule": "ceil"}).clip_rule == "ceil"
+    with pytest.raises(ValueError, match="no effect"):
+        VisionSpec(**{**QWEN25.__dict__, "clip_rule": "ceil"})
 
 
 def test_grid_goldens_and_token_counts():
@@ -345,7 +393,8 @@ def test_from_processor_qwen25_defaults():
         family="qwen2.5-vl", patch_size=14, merge_size=2, temporal_patch_size=2,
         image_min_pixels=56 * 56, image_max_pixels=28 * 28 * 1280,
         video_min_pixels=128 * 28 * 28, video_max_pixels=28 * 28 * 768,
-        cap_pixels_per_frame=False, max_video_tokens=128000, fps=2.0, min_frames=4, max_frames=768,
+        cap_pixels_per_frame=False, max_video_tokens=128000 if FRAME_CAP else None, fps=2.0, min_frames=4,
+        max_frames=768,
     )
 
 
@@ -358,21 +407,24 @@ def test_from_processor_qwen3_defaults_detects_family():
         family="qwen3-vl", patch_size=16, merge_size=2, temporal_patch_size=2,
         image_min_pixels=65536, image_max_pixels=16777216,
         video_min_pixels=128 * 32 * 32, video_max_pixels=32 * 32 * 768,
-        cap_pixels_per_frame=False, max_video_tokens=768, fps=2.0, min_frames=4, max_frames=768,
+        cap_pixels_per_frame=False, max_video_tokens=768 if FRAME_CAP else None, fps=2.0, min_frames=4,
+        max_frames=768,
     )
 
 
 def test_from_processor_reads_configured_limits():
     holder = types.SimpleNamespace(
-        image_processor=Qwen2VLImageProcessor(min_pixels=200704, max_pixels=401408),
+        image_processor=Qwen2VLImageProcessor(size={"shortest_edge": 200704, "longest_edge": 401408}),
         video_processor=Qwen2VLVideoProcessor(
-            min_pixels=50176, max_pixels=200704, max_frames=64, min_frames=2, fps=1.5, cap_pixels_per_frame=True
+            size={"shortest_edge": 50176, "longest_edge": 200704}, max_frames=64, min_frames=2, fps=1.5,
+            cap_pixels_per_frame=True,
         ),
     )
     spec = VisionSpec.from_processor(holder, family="qwen2-vl")
     assert (spec.image_min_pixels, spec.image_max_pixels) == (200704, 401408)
     assert (spec.video_min_pixels, spec.video_max_pixels) == (50176, 200704)
-    assert (spec.max_frames, spec.min_frames, spec.fps, spec.cap_pixels_per_frame) == (64, 2, 1.5, True)
+    # Before 5.16 the option is kept as an attribute but never applied: the spec ignores it too.
+    assert (spec.max_frames, spec.min_frames, spec.fps, spec.cap_pixels_per_frame) == (64, 2, 1.5, FRAME_CAP)
 
 
 @pytest.mark.parametrize(("processor_class", "family"), [(Qwen2_5_VLProcessor, "qwen2.5-vl"),

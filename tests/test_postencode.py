@@ -42,6 +42,7 @@ from energon_pack.visual import VisualInputs, normalize_patches
 from tests.golden_media import (
     GoldenSample,
     chat_sample,
+    golden_count,
     golden_samples,
     make_video,
 )
@@ -78,7 +79,7 @@ def golden_mix(request: pytest.FixtureRequest) -> tuple[Any, list[Any], list[Pre
     """(processor, golden samples, preencoded samples) of one family's 500-sample mix."""
     family = request.param
     processor = _processor(request, family)
-    samples = golden_samples(MIX_SIZE, MIX_SEED, family=family)
+    samples = golden_samples(golden_count(MIX_SIZE), MIX_SEED, family=family)
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
     prepared = [encoder.preencode_sample(chat_sample(golden, f"g{index:04d}")) for index, golden in enumerate(samples)]
     return processor, samples, prepared

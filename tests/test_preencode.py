@@ -30,8 +30,10 @@ from energon_pack.qwen.template import IGNORE_INDEX
 from energon_pack.samples import QwenVLChatSample, chat_fields_from_parts
 from energon_pack.task_encoder import QwenVLPackingTaskEncoder
 from tests.golden_media import (
+    GOLDEN_FRACTION,
     GoldenSample,
     chat_sample,
+    golden_count,
     golden_samples,
     make_image,
     make_video,
@@ -137,7 +139,7 @@ def image_format(data: bytes) -> str:
 def test_preencode_equals_hf_processor(family, request):
     processor = request.getfixturevalue(PROCESSOR_FIXTURES[family])
     encoder = task_encoder(processor)
-    samples = golden_samples(GOLDEN_COUNTS[family], seed=2024, family=family)
+    samples = golden_samples(golden_count(GOLDEN_COUNTS[family]), seed=2024, family=family)
     for index, golden in enumerate(samples):
         prepared = encoder.preencode_sample(chat_sample(golden, f"golden{index}"))
         reference = hf_reference(processor, *golden)
@@ -154,6 +156,8 @@ def test_preencode_equals_hf_processor(family, request):
             assert torch.equal(seconds, reference["second_per_grid_ts"]), index
         check_targets(prepared, reference["input_ids"][0], golden.messages, processor.tokenizer)
 
+    if GOLDEN_FRACTION < 1:  # a prefix (compatibility run): the whole mix is checked in the main run
+        return
     # The mix really spans what it claims (a regression in golden_media would weaken this test).
     sides = [image_size(data) for golden in samples for data in golden.images]
     kinds = Counter(image_kind(data) for golden in samples for data in golden.images)

@@ -280,7 +280,9 @@ def test_normalize_patches_matches_hf_qwen2_vl_processors():
 
     video = rng.integers(0, 256, (4, 56, 84, 3), dtype=np.uint8)
     vproc = Qwen2VLVideoProcessor()
-    kwargs = {"return_tensors": "pt", "do_sample_frames": False, "cap_pixels_per_frame": False}
+    kwargs = {"return_tensors": "pt", "do_sample_frames": False}
+    if hasattr(Qwen2VLVideoProcessor, "cap_pixels_per_frame"):  # the option exists from transformers 5.16 on
+        kwargs["cap_pixels_per_frame"] = False
     vref = vproc(videos=[video], **kwargs)["pixel_values_videos"]
     vraw = vproc(videos=[video], do_rescale=False, do_normalize=False, **kwargs)["pixel_values_videos"]
     assert vraw.dtype == torch.uint8

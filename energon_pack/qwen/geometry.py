@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from energon_pack.qwen.family import FAMILIES, Family, processor_family
+from energon_pack.qwen.hf_release import qwen3_clip_rule
 from energon_pack.qwen.media import BadMediaError
 
 MAX_ASPECT_RATIO = 200
@@ -47,6 +48,11 @@ class VisionSpec:
     floored at ``int(1.05 * video_min_pixels)`` (factor = patch * merge).
 
     ``fps``, ``min_frames`` and ``max_frames`` drive `sample_frame_indices`.
+
+    ``clip_rule`` (Qwen3-VL only, None for other families): how the clip resize treats the
+    frame count and small frames - ``"round"`` as transformers >= 5.15 (see
+    `smart_resize_clip`), ``"ceil"`` as earlier releases; None (the default) becomes the
+    installed release's rule.
     """
 
     family: Family
@@ -62,10 +68,21 @@ class VisionSpec:
     fps: float = DEFAULT_SAMPLING_FPS
     min_frames: int = DEFAULT_MIN_FRAMES
     max_frames: int = DEFAULT_MAX_FRAMES
+    clip_rule: Literal["round", "ceil"] | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"VisionSpec.family={self.family!r} is unknown; use one of {FAMILIES}.")
+        if self.family != "qwen3-vl":
+            if self.clip_rule is not None:
+                raise ValueError(
+                    f"VisionSpec.clip_rule={self.clip_rule!r} has no effect for family {self.family!r} "
+                    "(only Qwen3-VL resizes whole clips); leave it None."
+                )
+        elif self.clip_rule is None:
+            object.__setattr__(self, "clip_rule", qwen3_clip_rule())
+        elif self.clip_rule not in ("round", "ceil"):
+            raise ValueError(f"VisionSpec.clip_rule={self.clip_rule!r} must be 'round', 'ceil' or None.")
         for name in (
             "patch_size", "merge_size", "temporal_patch_size", "image_min_pixels", "image_max_pixels",
             "video_min_pixels", "video_max_pixels", "min_frames", "max_frames",
@@ -117,6 +134,9 @@ class VisionSpec:
                 )
         image_min, image_max = _pixel_limits(image_proc, "image_processor")
         video_min, video_max = _pixel_limits(video_proc, "video_processor")
+        # The per-frame cap exists from transformers 5.16 on; older video processors keep unknown
+        # options as attributes but never apply them.
+        frame_cap = hasattr(type(video_proc), "cap_pixels_per_frame")
         fps = getattr(video_proc, "fps", None)
         min_frames = getattr(video_proc, "min_frames", None)
         max_frames = getattr(video_proc, "max_frames", None)
@@ -129,8 +149,8 @@ class VisionSpec:
             image_max_pixels=image_max,
             video_min_pixels=video_min,
             video_max_pixels=video_max,
-            cap_pixels_per_frame=bool(getattr(video_proc, "cap_pixels_per_frame", None)),
-            max_video_tokens=getattr(video_proc, "max_video_tokens", None),
+            cap_pixels_per_frame=frame_cap and bool(getattr(video_proc, "cap_pixels_per_frame", None)),
+            max_video_tokens=getattr(video_proc, "max_video_tokens", None) if frame_cap else None,
             fps=float(fps) if fps is not None else DEFAULT_SAMPLING_FPS,
             min_frames=min_frames if min_frames is not None else DEFAULT_MIN_FRAMES,
             max_frames=max_frames if max_frames is not None else DEFAULT_MAX_FRAMES,
@@ -193,29 +213,47 @@ def smart_resize(height: int, width: int, *, factor: int, min_pixels: int, max_p
 
 
 def smart_resize_clip(
-    num_frames: int, height: int, width: int, *, factor: int, temporal_factor: int, min_pixels: int, max_pixels: int
+    num_frames: int,
+    height: int,
+    width: int,
+    *,
+    factor: int,
+    temporal_factor: int,
+    min_pixels: int,
+    max_pixels: int,
+    rule: Literal["round", "ceil"] = "round",
 ) -> tuple[int, int]:
     """HF Qwen3-VL video ``smart_resize``: like `smart_resize`, but the pixel range bounds the whole clip.
 
-    The clip area is t_bar*h*w with t_bar = round(num_frames / temporal_factor) * temporal_factor
-    (the rescale itself uses num_frames). Sides below ``factor`` are first scaled up
-    (aspect kept, truncated to int). Raises `BadMediaError` with reason
-    ``too_few_frames`` when num_frames < temporal_factor, ``extreme_aspect_ratio`` as smart_resize.
+    The clip area is t_bar*h*w (the rescale itself uses num_frames). ``rule="round"``
+    (transformers >= 5.15): t_bar = round(num_frames / temporal_factor) * temporal_factor, sides
+    below ``factor`` are first scaled up (aspect kept, truncated to int), and num_frames <
+    temporal_factor raises `BadMediaError` ``too_few_frames``. ``rule="ceil"`` (earlier
+    releases): t_bar rounds up and a side below ``factor`` raises `BadMediaError`
+    ``frame_too_small``. Both raise ``extreme_aspect_ratio`` as smart_resize.
 
     Example: smart_resize_clip(8, 480, 640, factor=32, temporal_factor=2,
-    min_pixels=131072, max_pixels=786432) -> (256, 352).
+    min_pixels=131072, max_pixels=786432) -> (256, 352), under either rule.
     """
-    if num_frames < temporal_factor:
+    if rule == "round" and num_frames < temporal_factor:
         raise BadMediaError(
             "too_few_frames",
             f"a clip of {num_frames} frame(s) is shorter than the temporal patch {temporal_factor}; "
             f"Qwen3-VL needs at least {temporal_factor} frames - use a longer video.",
         )
     if height < factor or width < factor:
+        if rule == "ceil":
+            raise BadMediaError(
+                "frame_too_small",
+                f"video frames of {width}x{height} (w x h) have a side below {factor} px, which the Qwen3-VL "
+                "video processor of this transformers release (< 5.15) refuses - use larger frames or "
+                "transformers >= 5.15, which scales them up",
+            )
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     _check_aspect_ratio(height, width)
-    rounded_frames = round(num_frames / temporal_factor) * temporal_factor
+    rounding = round if rule == "round" else math.ceil
+    rounded_frames = rounding(num_frames / temporal_factor) * temporal_factor
     return _fit_to_budget(
         height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels,
         frames=num_frames, rounded_frames=rounded_frames,
@@ -248,7 +286,7 @@ def resized_video_size(num_frames: int, height: int, width: int, spec: VisionSpe
             max_pixels = max(min(frame_cap, max_pixels // num_frames), floor_pixels) * num_frames
         return smart_resize_clip(
             num_frames, height, width, factor=factor, temporal_factor=spec.temporal_patch_size,
-            min_pixels=min_pixels, max_pixels=max_pixels,
+            min_pixels=min_pixels, max_pixels=max_pixels, rule=spec.clip_rule,
         )
     if spec.cap_pixels_per_frame:
         clip_budget = int(spec.max_video_tokens * factor * factor * 0.9)

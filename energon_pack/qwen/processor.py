@@ -166,6 +166,8 @@ def _offline_tokenizer(family: str) -> Any:
 
 
 def _offline_processor(family: str) -> Any:
+    """The released Qwen-VL processor settings, every pixel limit stated: transformers 5.12 lets a
+    processor built with ``min_pixels=`` / ``max_pixels=`` change the class defaults of later ones."""
     tokenizer = _offline_tokenizer(family)
     if family == "qwen3-vl":
         from transformers import Qwen3VLProcessor
@@ -181,7 +183,7 @@ def _offline_processor(family: str) -> Any:
         return Qwen3VLProcessor(
             image_processor=image_processor,
             tokenizer=tokenizer,
-            video_processor=Qwen3VLVideoProcessor(),
+            video_processor=Qwen3VLVideoProcessor(size={"shortest_edge": 128 * 32 * 32, "longest_edge": 768 * 32 * 32}),
             chat_template=chat_template_for(family),
         )
     from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
@@ -192,9 +194,9 @@ def _offline_processor(family: str) -> Any:
 
     processor_class = Qwen2_5_VLProcessor if family == "qwen2.5-vl" else Qwen2VLProcessor
     return processor_class(
-        image_processor=Qwen2VLImageProcessor(),
+        image_processor=Qwen2VLImageProcessor(size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}),
         tokenizer=tokenizer,
-        video_processor=Qwen2VLVideoProcessor(),
+        video_processor=Qwen2VLVideoProcessor(size={"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28}),
         chat_template=chat_template_for(family),
     )
 

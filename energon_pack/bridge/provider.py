@@ -1,0 +1,83 @@
+"""``cfg.dataset`` for Megatron-Bridge: this rank's train and validation iterators of packed rows.
+
+Importing this module imports Megatron-Bridge (``pip install 'energon-pack[bridge]'``, Python 3.12).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+try:
+    from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
+except ImportError as err:  # pragma: no cover - exercised where Bridge is absent
+    raise ImportError(
+        f"energon_pack.bridge.PackingDatasetProvider needs Megatron-Bridge, which could not be imported "
+        f"({err}); fix: pip install 'energon-pack[bridge]' (Megatron-Bridge needs Python 3.12)"
+    ) from err
+
+from energon_pack.bridge.iterator import PackingIterator
+from energon_pack.config import PackingConfig
+from energon_pack.loader import get_packing_loader
+from energon_pack.qwen.family import Family
+from energon_pack.qwen.processor import load_processor
+
+__all__ = ["PackingDatasetProvider"]
+
+
+@dataclass(kw_only=True)
+class PackingDatasetProvider(DatasetProvider):
+    """Bridge dataset config whose iterators yield energon_pack rows (one row per micro-batch).
+
+    ``path``: Energon dataset or metadataset; ``packing``: the packing config; the processor is
+    ``load_processor(processor_path, ...)`` with the pixel and frame limits given here (the
+    offline default of ``processor_family`` when ``processor_path`` is None). Validation reads
+    split ``"val"`` of ``valid_path`` (default ``path``) once per epoch, cycling.
+    ``dataloader_type`` must stay ``"external"``: Bridge then takes our iterators as they are.
+    ``num_workers`` mirrors ``packing.num_workers`` (the workers the loader really starts).
+    Run :func:`~energon_pack.bridge.check_bridge_config` on the whole config before training.
+    """
+
+    path: str
+    packing: PackingConfig
+    processor_path: str | None = None
+    processor_family: Family | None = None
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    max_frames: int | None = None
+    valid_path: str | None = None
+    do_validation: bool = True
+    dataloader_type: Literal["external"] | None = "external"
+
+    def __post_init__(self) -> None:
+        self.num_workers = self.packing.num_workers
+
+    def finalize(self) -> None:
+        """Bridge calls this from ``ConfigContainer.validate()``."""
+        if self.dataloader_type != "external":
+            raise ValueError(
+                f"PackingDatasetProvider.dataloader_type={self.dataloader_type!r}: Bridge would wrap the "
+                "packing iterators in its own sampler; fix: leave dataloader_type = 'external'"
+            )
+        self.num_workers = self.packing.num_workers
+        super().finalize()
+
+    def build_datasets(self, context: DatasetBuildContext) -> tuple[Any, Any, None]:
+        """(train, validation, None) iterators of this rank's data-parallel group; Bridge asks for
+        a split only when it will use it (sample count > 0)."""
+        processor = load_processor(
+            self.processor_path,
+            family=self.processor_family if self.processor_path is None else None,
+            min_pixels=self.min_pixels,
+            max_pixels=self.max_pixels,
+            max_frames=self.max_frames,
+        )
+        group = None if context.pg_collection is None else context.pg_collection.dp
+
+        def rows(path: str, split: str) -> PackingIterator:
+            loader = get_packing_loader(path, self.packing, processor, split=split, data_parallel_group=group)
+            return PackingIterator(loader)
+
+        train = rows(self.path, "train") if context.train_samples > 0 else None
+        valid = rows(self.valid_path or self.path, "val") if self.do_validation and context.valid_samples > 0 else None
+        return train, valid, None

@@ -459,6 +459,9 @@ class PackingPolicy:
         (``get_packing_loader(plan=...)``) replaces online selection under the same budgets.
     micro_batch_size: samples per micro-batch: 1 in mode "online" (one packed row per micro-batch);
         k >= 2 in mode "in_batch" (one row of k samples per micro-batch).
+    max_consecutive_skips: raise ``TooManyBadSamplesError`` when one worker meets more bad samples
+        in a row than this (None, the default: skip and count bad samples without limit). Not in
+        the resume fingerprint: a run stopped by the limit resumes under a raised limit.
     """
 
     buffer_size: int | None = None
@@ -470,6 +473,7 @@ class PackingPolicy:
     on_overlong: Literal["skip", "error", "shrink"] = "skip"
     mode: Literal["online", "in_batch"] = "online"
     micro_batch_size: int = 1
+    max_consecutive_skips: int | None = field(default=None, metadata=_NOT_FINGERPRINTED)
 
     def __post_init__(self) -> None:
         if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
@@ -518,6 +522,7 @@ class PackingPolicy:
                     )
         else:
             yield _micro_batch_problem("micro_batch_size", self.micro_batch_size)
+        yield _int_problem("max_consecutive_skips", self.max_consecutive_skips, minimum=1, optional=True)
 
 
 def _switched_buffer_unit(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -555,6 +560,9 @@ class LoaderOptions:
     prefetch_factor: rows each worker builds ahead of the consumer (Energon's / torch's
         ``prefetch_factor``). Each row in flight holds its whole pixel payload, so a worker's
         memory grows with it; 1 is enough when a row is consumed slower than a worker builds one.
+    timeout: seconds to wait for a worker's next row before raising ``RuntimeError`` (torch's
+        ``DataLoader`` timeout: a hung worker becomes an error); 0 (the default) waits forever.
+        Needs ``num_workers >= 1``.
     """
 
     num_workers: int = 2
@@ -564,6 +572,7 @@ class LoaderOptions:
     seed: int = 42
     allow_inexact_resume: bool = field(default=False, metadata=_NOT_FINGERPRINTED)
     prefetch_factor: int = field(default=2, metadata=_NOT_FINGERPRINTED)
+    timeout: float = field(default=0, metadata=_NOT_FINGERPRINTED)
 
     def __post_init__(self) -> None:
         _raise_if_problems(type(self).__name__, self.problems())
@@ -581,6 +590,22 @@ class LoaderOptions:
         yield _int_problem("max_samples_per_sequence", self.max_samples_per_sequence, minimum=1, optional=True)
         yield _int_problem("seed", self.seed, minimum=0)
         yield _int_problem("prefetch_factor", self.prefetch_factor, minimum=1)
+        yield _timeout_problem(self.timeout, self.num_workers)
+
+
+def _timeout_problem(timeout: Any, num_workers: Any) -> str | None:
+    """``timeout`` must be a number of seconds >= 0, and > 0 only with worker processes.
+
+    Example: ``_timeout_problem(60, 0)`` -> an error suggesting num_workers >= 1.
+    """
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+        return f"timeout={timeout!r}: must be a number of seconds >= 0 (0 waits forever); fix: set e.g. timeout: 600"
+    if timeout > 0 and num_workers == 0:
+        return (
+            f"timeout={timeout!r}: without worker processes (num_workers=0) the main process cannot time "
+            "itself out; fix: set num_workers >= 1, or timeout: 0"
+        )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,5 @@
-"""Exception types: bad input data (``BadSampleError``) and unusable user input (``UsageError``)."""
+"""Exception types: bad input data (``BadSampleError``, ``TooManyBadSamplesError``) and unusable
+user input (``UsageError``)."""
 
 from __future__ import annotations
 
@@ -24,4 +25,12 @@ class UsageError(ValueError):
 
     The message names the value, the rule and the fix on one line; the CLI prints it and exits
     with code 2. Example: ``UsageError("input file 'nope.jsonl' not found; fix: ...")``.
+    """
+
+
+class TooManyBadSamplesError(RuntimeError):
+    """More bad samples in a row in one worker than ``PackingPolicy.max_consecutive_skips`` allows.
+
+    Only raised when the user sets that limit; by default bad samples are skipped and counted
+    without limit. The message names the worker, the run length, the last reason and the fix.
     """

@@ -2,15 +2,19 @@
 
 The returned ``PackingDataLoader`` is Energon's ``SavableDataLoader`` plus two things:
 ``save_state_rank`` records a fingerprint of everything exact resume depends on and
-``restore_state_rank`` refuses a state saved under a different one (naming the fields);
-``stats()`` aggregates the per-worker packing statistics carried by the rows.
+``restore_state_rank`` refuses a state saved under a different one (naming the fields) and a
+damaged one (naming what is wrong, ``energon_pack.state_check``); ``stats()`` aggregates the
+per-worker packing statistics carried by the rows. ``LoaderOptions.timeout`` turns a worker that
+delivers no row for that long into an error instead of a hang.
 ``len(loader)`` raises ``TypeError``: the rows of an epoch are not known before packing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,6 +30,7 @@ from energon_pack.dataset_path import check_dataset_path
 from energon_pack.pinning import pin_only_with_accelerator
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
+from energon_pack.state_check import check_loader_state
 from energon_pack.workers import frozen_gc
 from energon_pack.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
 from energon_pack.task_encoder import QwenVLPackingTaskEncoder, WeightedBlendWithoutRepeatError, encoder_fingerprint
@@ -43,11 +48,43 @@ class PackingLoaderState:
     row_stats: dict[str, Any] | None = None
 
 
+def dataset_fingerprint(dataset_config: Any) -> str:
+    """Identity of the data a loader reads: a hash of every shard's name and sample count.
+
+    Paths are left out, so a dataset copied elsewhere still resumes; a dataset whose shards hold
+    other sample counts (or have other names) does not.
+    Example: a config tree holding ``{"shards": [{"name": "shards/train-000000.tar", "count": 8,
+    "_path": ...}]}`` -> a 16-hex-digit hash of ``[["shards/train-000000.tar", 8]]``.
+    """
+    shards: list[list[Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if key == "shards" and isinstance(value, list):
+                    shards.extend([s.get("name"), s.get("count")] for s in value if isinstance(s, Mapping))
+                else:
+                    walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(dataset_config)
+    return hashlib.sha256(repr(shards).encode("utf-8")).hexdigest()[:16]
+
+
 def resume_fingerprint(
-    config: PackingConfig, encoder: QwenVLPackingTaskEncoder, world_size: int, split: str
+    config: PackingConfig, encoder: QwenVLPackingTaskEncoder, *, rank: int, world_size: int, split: str, dataset: str
 ) -> dict[str, Any]:
-    """Everything exact resume depends on, as one flat JSON-able dict."""
-    return {**config.fingerprint(), **encoder_fingerprint(encoder), "world_size": world_size, "split": split}
+    """Everything exact resume depends on, as one flat JSON-able dict (``dataset``: ``dataset_fingerprint``)."""
+    return {
+        **config.fingerprint(),
+        **encoder_fingerprint(encoder),
+        "rank": rank,
+        "world_size": world_size,
+        "split": split,
+        "dataset": dataset,
+    }
 
 
 class PackingDataLoader(SavableDataLoader):
@@ -60,10 +97,16 @@ class PackingDataLoader(SavableDataLoader):
         fingerprint: dict[str, Any],
         allow_inexact_resume: bool,
         stats_dir: tempfile.TemporaryDirectory,
+        packing_stage: bool = True,
+        timeout: float = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
         pin_only_with_accelerator(self)
+        #: torch DataLoader's timeout (Energon passes none): seconds to wait for a worker's next row.
+        self.timeout = timeout
+        #: Whether this loader's workers run the packing stage (mode "online"), whose saved state is checked.
+        self.packing_stage = packing_stage
         self.fingerprint = fingerprint
         self.allow_inexact_resume = allow_inexact_resume
         #: Where workers publish their statistics (kept alive, and removed, with the loader).
@@ -165,7 +208,12 @@ class PackingDataLoader(SavableDataLoader):
                 f"restore_state_rank got {type(state).__name__}; pass the object returned by "
                 "PackingDataLoader.save_state_rank()"
             )
-        check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        if isinstance(state.fingerprint, Mapping):  # else check_loader_state names it
+            check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        check_loader_state(
+            state.fingerprint, state.energon_state, state.worker_stats,
+            num_workers=self.num_workers, packing_stage=self.packing_stage,
+        )
         super().restore_state_rank(state.energon_state)
         self._worker_stats = {worker: dict(snapshot) for worker, snapshot in state.worker_stats.items()}
         self._row_stats = None
@@ -253,11 +301,16 @@ def get_packing_loader(
             raise WeightedBlendWithoutRepeatError(f"{path}: {err}") from None
     else:
         dataset = get_val_dataset(path, split_part=split, worker_config=worker_config, batch_size=1, task_encoder=task_encoder)
-    fingerprint = resume_fingerprint(config, task_encoder, world_size, split)
+    fingerprint = resume_fingerprint(
+        config, task_encoder, rank=rank, world_size=world_size, split=split,
+        dataset=dataset_fingerprint(dataset.config()),
+    )
     return PackingDataLoader(
         dataset,
         fingerprint=fingerprint,
         allow_inexact_resume=config.loader.allow_inexact_resume,
         stats_dir=stats_dir,
+        packing_stage=config.mode == "online",
+        timeout=config.loader.timeout,
         **{"prefetch_factor": config.loader.prefetch_factor, **loader_kwargs},
     )

@@ -94,18 +94,21 @@ def parse_split_ratio(text: str) -> list[tuple[str, float]]:
 def iter_input_records(path: Path) -> Iterator[tuple[int, Any]]:
     """Yield ``(line, record)`` from JSON Lines or a JSON list; a bad line yields a ``BadSampleError``.
 
+    A JSON Lines line that is not UTF-8 is a bad record (``non_utf8_text``), not the end of the run.
     Example: a file ``{"id": 1}\\n\\n{oops`` -> ``(1, {"id": 1})``, ``(3, BadSampleError(...))``.
     """
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        for position, record in enumerate(json.loads(text), start=1):
+    data = path.read_bytes()
+    if data.lstrip().startswith(b"["):
+        for position, record in enumerate(json.loads(data), start=1):
             yield position, record
         return
-    for line_number, line in enumerate(text.splitlines(), start=1):
+    for line_number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            yield line_number, json.loads(line)
+            yield line_number, json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            yield line_number, BadSampleError("non_utf8_text", f"line is not UTF-8 ({err.reason} at byte {err.start})")
         except json.JSONDecodeError as err:
             yield line_number, BadSampleError("bad_json", f"not valid JSON ({err.msg} at column {err.colno})")
 

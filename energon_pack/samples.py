@@ -18,6 +18,7 @@ from energon_pack.conversation import (
     decode_conversation_json,
     normalize_conversation,
 )
+from energon_pack.energon_fixes import forget_read_tar_members
 from energon_pack.errors import BadSampleError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -88,5 +89,7 @@ class QwenVLChatWebdataset(DefaultGenericWebdatasetFactory[QwenVLChatSample]):
     __sample_type__ = QwenVLChatSample
 
     def __init__(self, path: Any, *, decoder: Any = None, **kwargs: Any) -> None:
-        # ``decoder`` (from the task encoder) is accepted and unused: media always stay compressed.
+        # ``decoder`` (from the task encoder) is accepted and unused: media always stay compressed,
+        # and no member is ever unpickled (Energon's default decoder would unpickle .pyd parts).
+        forget_read_tar_members()  # before workers fork: their shard readers must not grow
         super().__init__(path, sample_loader=chat_fields_from_parts, part_filter=is_chat_part, **kwargs)

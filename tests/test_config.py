@@ -497,7 +497,7 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
     # buffer_tokens enters only when set (states saved before it existed still resume).
     # buffer_tokens and fast_jpeg_decode enter only when set (see test_optional_knobs_enter_the_fingerprint_when_set).
     unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens",
-                       "fast_jpeg_decode"}
+                       "fast_jpeg_decode", "max_consecutive_skips", "timeout"}
     part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}
     assert set(config.fingerprint()) == part_keys - unfingerprinted | {"pad_multiple"}
 

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "energon_pack"
 LAYERS: list[tuple[str, list[str]]] = [
     ("base: no package imports", [
         "__init__", "alignment", "errors", "tables", "cache", "workers", "qwen.family", "pinning", "skip_log", "stage_times",
+        "energon_fixes",
     ]),
     ("config and pure cores", [
         "config", "loss_reduction", "dataset_path", "visual", "conversation", "packing.algorithms",
@@ -25,7 +26,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("sample types, rows, statistics, data", [
         "samples", "encoded", "thd", "stats", "step", "prepare", "synthetic", "packing.simulate",
     ]),
-    ("the packing stage", ["packing.wrapper"]),
+    ("the packing stage", ["packing.wrapper", "state_check"]),
     ("Energon task encoder", ["task_encoder"]),
     ("pack plans", ["plan", "plan.*"]),
     ("loader", ["loader"]),

@@ -19,12 +19,70 @@ reports is the fill the loader gets. ``state()`` / ``restore()`` save and set it
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from energon_pack.packing.algorithms import PackItem, RoundResult, RoundSize, RowBudget, select_bins
 
-__all__ = ["PlannedRound", "RoundPlanner"]
+__all__ = ["PlannedRound", "RoundPlanner", "is_count", "plan_state_problems", "planned_indices"]
+
+_PLAN_KEYS = ("new", "pending", "ready", "round_index", "next_index", "exhausted")
+_ITEM_FIELDS = len(dataclasses.fields(PackItem))
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative int that is not a bool. Example: ``is_count(3)`` -> True; ``is_count(-1)`` -> False."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def planned_indices(state: Mapping[str, Any]) -> list[int]:
+    """Arrival indices of every item in a planner state (new, pending, then ready bins).
+
+    Example: ``{"new": [(3, 8, 1, 0, 0)], "pending": [(1, 4, 0, 0, 0)], "ready": [[(0, 9, 0, 0, 0)]], ...}``
+    -> ``[3, 1, 0]``.
+    """
+    items = [*state["new"], *state["pending"], *(item for group in state["ready"] for item in group)]
+    return [item[0] for item in items]
+
+
+def plan_state_problems(state: Any) -> list[str]:
+    """What is wrong with a saved planner state (``RoundPlanner.state()``); [] when consistent.
+
+    Checks the keys, the counters, the item tuples (index below ``next_index``, arrival round
+    at most ``round_index``, no index twice) and that no ready bin is empty.
+    Example: ``pending`` holding ``(7, 10, 0, 0, 0)`` with ``next_index`` 3 ->
+    ``["item 7 has an arrival index at or above next_index=3"]``.
+    """
+    if not isinstance(state, Mapping):
+        return [f"the planner state is a {type(state).__name__}, not a mapping"]
+    missing = [key for key in _PLAN_KEYS if key not in state]
+    if missing:
+        return [f"the planner state lacks {missing}"]
+    problems = [f"{key}={state[key]!r} is not a non-negative integer" for key in ("round_index", "next_index")
+                if not is_count(state[key])]
+    if not isinstance(state["exhausted"], bool):
+        problems.append(f"exhausted={state['exhausted']!r} is not a boolean")
+    ready = state["ready"]
+    if not all(isinstance(state[key], list) for key in ("new", "pending", "ready")) or not all(
+        isinstance(group, list) and group for group in ready
+    ):
+        return problems + ["new and pending must be lists of items and ready a list of non-empty bins"]
+    items = [*state["new"], *state["pending"], *(item for group in ready for item in group)]
+    bad = [item for item in items if not (isinstance(item, (tuple, list)) and len(item) == _ITEM_FIELDS
+                                          and all(is_count(value) for value in item))]
+    if bad:
+        return problems + [f"items {bad[:3]} are not ({', '.join(f.name for f in dataclasses.fields(PackItem))})"]
+    if problems:
+        return problems
+    indices = [item[0] for item in items]
+    if len(set(indices)) < len(indices):
+        problems.append(f"arrival indices appear twice: {sorted(i for i in set(indices) if indices.count(i) > 1)}")
+    problems += [f"item {item[0]} has an arrival index at or above next_index={state['next_index']}"
+                 for item in items if item[0] >= state["next_index"]]
+    problems += [f"item {item[0]} arrived in round {item[2]}, after round_index={state['round_index']}"
+                 for item in items if item[2] > state["round_index"]]
+    return problems
 
 
 @dataclass(frozen=True, kw_only=True)

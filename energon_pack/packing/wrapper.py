@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from megatron.energon.flavors.base_dataset import (
@@ -45,16 +45,46 @@ from megatron.energon.wrappers.base import (
 from energon_pack.alignment import aligned_length
 from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
-from energon_pack.errors import BadSampleError
+from energon_pack.errors import BadSampleError, TooManyBadSamplesError
 from energon_pack.packing.algorithms import RoundSize
 from energon_pack.packing.budget import row_budget, sample_misfit
-from energon_pack.packing.planner import RoundPlanner
+from energon_pack.packing.planner import RoundPlanner, is_count, plan_state_problems, planned_indices
 from energon_pack.skip_log import warn_skip
 from energon_pack.stage_times import timed
 from energon_pack.stats import STATS_PUBLISH_INTERVAL_S, PackingStats, publish_snapshot, worker_telemetry
 from energon_pack.thd import row_width
 
 logger = logging.getLogger(__name__)
+
+
+def packing_state_problems(state: Any) -> list[str]:
+    """What is wrong with a saved packing-stage state (its ``FlexState`` mapping); [] when consistent.
+
+    Checks that every savable field is present, the planner state is sound, the sample buffer
+    holds exactly the planned items, and the counters are non-negative integers.
+    Example: a state whose plan holds item 5 while the buffer has no sample 5 ->
+    ``["planned items [5] have no buffered sample"]``.
+    """
+    if not isinstance(state, Mapping):
+        return [f"the packing stage state is a {type(state).__name__}, not a mapping"]
+    missing = [name for name in PendingGroupPackingDataset._savable_fields if name not in state]
+    if missing:
+        return [f"fields {missing} are missing"]
+    problems = [f"_plan: {problem}" for problem in plan_state_problems(state["_plan"])]
+    problems += [f"{name}={state[name]!r} is not a non-negative integer"
+                 for name in ("_encode_index", "_pack_index", "_consecutive_skips") if not is_count(state[name])]
+    if not isinstance(state["_stats"], Mapping) or not isinstance(state["_stats"].get("skipped"), Mapping):
+        problems.append("_stats is not a saved statistics mapping")
+    buffered = state["_samples"].get("_restore_keys") if isinstance(state["_samples"], Mapping) else None
+    if not isinstance(buffered, Mapping):
+        return problems + ["_samples is not a saved sample buffer (restore keys by arrival index)"]
+    if not problems:
+        planned = set(planned_indices(state["_plan"]))
+        if planned - set(buffered):
+            problems.append(f"planned items {sorted(planned - set(buffered))} have no buffered sample")
+        if set(buffered) - planned:
+            problems.append(f"buffered samples {sorted(set(buffered) - planned)} are in no planned bin")
+    return problems
 
 
 class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
@@ -122,6 +152,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         "_stats",
         "_encode_index",
         "_pack_index",
+        "_consecutive_skips",
     )
 
     def __init__(
@@ -165,6 +196,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self._stats = PackingStats()
         self._encode_index = SampleIndex(self.worker_config, src=self)
         self._pack_index = SampleIndex(self.worker_config, src=self)
+        #: Bad samples since the last good one (buffered or decoded), for ``max_consecutive_skips``.
+        self._consecutive_skips = 0
 
     @property
     def _plan(self) -> dict[str, Any]:
@@ -243,14 +276,25 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             )
         item = self._planner.admit(self._slots(sample), vision=sample.vision_patches, media=sample.num_media)
         self._samples.put(item.index, sample)
+        self._consecutive_skips = 0
 
     def _slots(self, sample: PreparedSample) -> int:
         return aligned_length(sample.num_tokens, self.row.pad_multiple)
 
     def _skip(self, sample: Any, reason: str, detail: str | None) -> None:
         self._stats.count_skip(reason)
-        warn_skip(getattr(sample, "__key__", None), f"{reason}: {detail}")
+        self._consecutive_skips += 1
+        key = getattr(sample, "__key__", None)
+        warn_skip(key, f"{reason}: {detail}")
         self._publish_stats()
+        limit = self.policy.max_consecutive_skips
+        if limit is not None and self._consecutive_skips > limit:
+            raise TooManyBadSamplesError(
+                f"worker {self._stats.worker_id}: {self._consecutive_skips} bad samples in a row (the last, {key!r}: "
+                f"{reason}: {detail}; skipped so far by reason: {self._stats.skipped}); rule: "
+                f"max_consecutive_skips={limit}; fix: repair the data (the skip warnings name each sample), or "
+                "raise max_consecutive_skips, or set it to null to skip bad samples without limit"
+            )
 
     def _telemetry_snapshot(self) -> dict[str, Any]:
         with timed("statistics"):
@@ -325,6 +369,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         except BadSampleError as err:
             self._skip(sample, err.reason, err.detail)
             return None
+        self._consecutive_skips = 0
         return add_sample_restore_key(encoded, encode_index, src=self)
 
     # --- restore by key (Energon's sample restore) -----------------------------------------

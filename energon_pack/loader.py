@@ -212,7 +212,7 @@ class PackingDataLoader(SavableDataLoader):
             check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
         check_loader_state(
             state.fingerprint, state.energon_state, state.worker_stats,
-            num_workers=self.num_workers, packing_stage=self.packing_stage,
+            num_workers=self.num_workers, micro_batch_size=self._get_batch_size(), packing_stage=self.packing_stage,
         )
         super().restore_state_rank(state.energon_state)
         self._worker_stats = {worker: dict(snapshot) for worker, snapshot in state.worker_stats.items()}

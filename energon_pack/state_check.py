@@ -60,11 +60,14 @@ def _worker_problems(where: str, worker_state: Any, *, in_workers: bool, packing
             f"{where} holds {len(stages)} {_STAGE} states, this loader has {int(packing_stage)}: the state of "
             "another kind of loader (another packing mode, or not energon_pack)"
         ]
-    return problems + [f"{where} ({_STAGE}): {problem}" for problem in packing_state_problems(stages[0])]
+    return problems + [f"{where} ({_STAGE}): {problem}" for stage in stages for problem in packing_state_problems(stage)]
 
 
-def energon_state_problems(state: Any, *, num_workers: int, packing_stage: bool = True) -> list[str]:
-    """What is wrong with Energon's rank state for a loader with ``num_workers`` workers ([] if nothing).
+def energon_state_problems(
+    state: Any, *, num_workers: int, micro_batch_size: int | None = 1, packing_stage: bool = True
+) -> list[str]:
+    """What is wrong with Energon's rank state for a loader with ``num_workers`` workers, batches of
+    ``micro_batch_size`` and (``packing_stage``) the packing stage in its workers ([] if nothing).
 
     ``None`` (saved before the first row) is a valid state. Example: a state saved with two
     workers whose second entry was deleted -> ``["worker_states has 1 entries, the loader has
@@ -86,13 +89,19 @@ def energon_state_problems(state: Any, *, num_workers: int, packing_stage: bool 
             )
     if not is_count(state.next_worker_id) or state.next_worker_id >= expected:
         problems.append(f"next_worker_id={state.next_worker_id!r} is not a worker index below {expected}")
-    if state.micro_batch_size != 1:
-        problems.append(f"micro_batch_size={state.micro_batch_size!r}, packed rows use 1")
+    if state.micro_batch_size != micro_batch_size:
+        problems.append(f"micro_batch_size={state.micro_batch_size!r}, this loader batches {micro_batch_size}")
     return problems
 
 
 def check_loader_state(
-    fingerprint: Any, energon_state: Any, worker_stats: Any, *, num_workers: int, packing_stage: bool = True
+    fingerprint: Any,
+    energon_state: Any,
+    worker_stats: Any,
+    *,
+    num_workers: int,
+    micro_batch_size: int | None = 1,
+    packing_stage: bool = True,
 ) -> None:
     """Raise ``InvalidLoaderStateError`` listing every problem of a ``PackingLoaderState``'s parts."""
     problems = []
@@ -100,7 +109,9 @@ def check_loader_state(
         problems.append(f"fingerprint is a {type(fingerprint).__name__}, not a mapping")
     if not isinstance(worker_stats, Mapping):
         problems.append(f"worker_stats is a {type(worker_stats).__name__}, not a mapping")
-    problems += energon_state_problems(energon_state, num_workers=num_workers, packing_stage=packing_stage)
+    problems += energon_state_problems(
+        energon_state, num_workers=num_workers, micro_batch_size=micro_batch_size, packing_stage=packing_stage
+    )
     if problems:
         raise InvalidLoaderStateError(
             "cannot restore this loader state, it is damaged or not from this kind of loader:\n  - "

@@ -102,6 +102,10 @@ def _bad_next_worker(state: PackingLoaderState) -> None:
     state.energon_state.next_worker_id = 7
 
 
+def _other_micro_batch(state: PackingLoaderState) -> None:
+    state.energon_state.micro_batch_size = 3
+
+
 def _fingerprint_not_a_mapping(state: PackingLoaderState) -> None:
     state.fingerprint = "seq_length=4096"
 
@@ -119,6 +123,7 @@ DAMAGE: dict[str, tuple[Callable[[PackingLoaderState], None], str]] = {
     "ready bin invented": (_invent_a_ready_bin, r"_plan: item \d+ has an arrival index at or above next_index"),
     "pending item duplicated": (_duplicate_a_pending_item, r"_plan: arrival indices appear twice"),
     "next worker edited": (_bad_next_worker, r"next_worker_id=7 is not a worker index"),
+    "micro batch edited": (_other_micro_batch, r"micro_batch_size=3, this loader batches 1"),
     "fingerprint replaced": (_fingerprint_not_a_mapping, r"fingerprint is a str, not a mapping"),
     "energon state replaced": (_energon_state_as_dict, r"energon_state is a dict, not Energon's SavableDataLoaderState"),
 }

@@ -30,10 +30,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("Energon task encoder", ["task_encoder"]),
     ("pack plans", ["plan", "plan.*"]),
     ("loader", ["loader"]),
+    ("trainer integrations", ["bridge", "bridge.*"]),
     ("commands and tools", ["inspect_dataset", "demo", "simulate_cli", "tools", "tools.*", "cli"]),
 ]
 #: Sub-packages that no import path may leave and re-enter.
-FOLDERS = ("packing", "plan", "qwen", "tools")
+FOLDERS = ("bridge", "packing", "plan", "qwen", "tools")
 
 
 def module_names() -> list[str]:

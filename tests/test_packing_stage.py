@@ -106,6 +106,10 @@ def make_stage(
     )
 
 
+#: Telemetry that measures the process (memory, seconds per stage), not packing state.
+MEASUREMENTS = ("peak_rss_bytes", "stage_seconds")
+
+
 def take(stage: PendingGroupPackingDataset, count: int | None = None) -> tuple[list[tuple[list[str], dict]], Any]:
     """Up to ``count`` rows (all when None) as (keys, stats without telemetry), and the state after them."""
     stage.worker_config.worker_activate(0)
@@ -116,7 +120,7 @@ def take(stage: PendingGroupPackingDataset, count: int | None = None) -> tuple[l
             row = next(iterator, None)
             if row is None:
                 break
-            stats = {k: v for k, v in row.stats.items() if k != "peak_rss_bytes"}
+            stats = {k: v for k, v in row.stats.items() if k not in MEASUREMENTS}
             rows.append(([segment.key for segment in row.segments], stats))
         state = pickle.loads(pickle.dumps(stage.save_state()))
     finally:

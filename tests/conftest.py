@@ -36,6 +36,14 @@ def synthetic_dataset(tmp_path_factory):
     return report
 
 
+@pytest.fixture(scope="session")
+def corrupt_dataset(tmp_path_factory):
+    """40 samples, about a tenth of the images truncated (the header reads, decoding fails)."""
+    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+
+    spec = SyntheticSpec(max_image_side=640, max_video_seconds=3.0, max_video_side=128, corrupt_fraction=0.1)
+    return make_synthetic_dataset(tmp_path_factory.mktemp("corrupt"), 40, seed=3, spec=spec, samples_per_shard=16)
+
 
 def pytest_terminal_summary(terminalreporter):
     """List the tutorial notebooks that ``tests/test_notebooks.py`` executed: outcome and run time."""

@@ -93,15 +93,6 @@ def test_a_row_is_rebuilt_from_its_restore_key(dataset, processor):
         assert row_record(loader.restore_sample(row["__restore_key__"])) == row_record(row)
 
 
-@pytest.fixture(scope="module")
-def corrupt_dataset(tmp_path_factory):
-    """40 samples, about a tenth of the images truncated (the header reads, decoding fails)."""
-    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
-
-    spec = SyntheticSpec(max_image_side=640, max_video_seconds=3.0, max_video_side=128, corrupt_fraction=0.1)
-    return make_synthetic_dataset(tmp_path_factory.mktemp("corrupt"), 40, seed=3, spec=spec, samples_per_shard=16)
-
-
 @pytest.mark.slow
 def test_decode_failures_leave_the_sample_out_and_are_counted(corrupt_dataset, processor):
     loader = get_packing_loader(corrupt_dataset.out_dir, make_config(), processor)

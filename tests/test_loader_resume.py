@@ -170,15 +170,6 @@ def test_second_epoch_of_a_finite_loader_starts_over(dataset, processor):
     assert first == second and first
 
 
-@pytest.fixture(scope="module")
-def corrupt_dataset(tmp_path_factory):
-    """40 samples, about a tenth of the images truncated (the header reads, decoding fails)."""
-    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
-
-    spec = SyntheticSpec(max_image_side=640, max_video_seconds=3.0, max_video_side=128, corrupt_fraction=0.1)
-    return make_synthetic_dataset(tmp_path_factory.mktemp("corrupt"), 40, seed=3, spec=spec, samples_per_shard=16)
-
-
 @pytest.mark.parametrize("max_wait_rounds", [1, 20])
 def test_decode_failures_are_counted_and_leave_no_holes(corrupt_dataset, processor, max_wait_rounds):
     """A bin that loses a sample at decode time goes back to pending (within the wait bound)."""

@@ -217,15 +217,6 @@ def test_a_state_of_another_plan_is_refused(dataset, processor, plan):
         get_packing_loader(dataset, make_config(), processor, plan=plan, checkpoint_every_sec=0)
 
 
-@pytest.fixture(scope="module")
-def corrupt_dataset(tmp_path_factory):
-    """40 samples, about a tenth of the images truncated (the header reads, decoding fails)."""
-    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
-
-    spec = SyntheticSpec(max_image_side=640, max_video_seconds=3.0, max_video_side=128, corrupt_fraction=0.1)
-    return make_synthetic_dataset(tmp_path_factory.mktemp("corrupt"), 40, seed=3, spec=spec, samples_per_shard=16)
-
-
 @pytest.mark.slow
 def test_decode_failures_are_counted_and_the_rest_of_the_row_kept(corrupt_dataset, processor):
     config = make_config()

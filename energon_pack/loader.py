@@ -3,7 +3,7 @@
 The returned ``PackingDataLoader`` is Energon's ``SavableDataLoader`` plus two things:
 ``save_state_rank`` records a fingerprint of everything exact resume depends on and
 ``restore_state_rank`` refuses a state saved under a different one (naming the fields) and a
-damaged one (naming what is wrong, ``energon_pack.state_check``); ``stats()`` aggregates the
+damaged one (naming what is wrong, ``energon_pack.runtime.state_check``); ``stats()`` aggregates the
 per-worker packing statistics carried by the rows. ``LoaderOptions.timeout`` turns a worker that
 delivers no row for that long into an error instead of a hang.
 ``len(loader)`` raises ``TypeError``: the rows of an epoch are not known before packing.
@@ -11,7 +11,6 @@ delivers no row for that long into an error instead of a hang.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import tempfile
 from collections.abc import Mapping
@@ -25,15 +24,16 @@ from megatron.energon import (
     get_val_dataset,
 )
 
-from energon_pack.config import PackingConfig, check_resume_fingerprint
-from energon_pack.dataset_path import check_dataset_path
-from energon_pack.pinning import pin_only_with_accelerator
+from energon_pack.config import PackingConfig
+from energon_pack.identity import check_resume_fingerprint, dataset_config_fingerprint, resume_fingerprint
+from energon_pack.core.dataset_path import check_dataset_path
+from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
-from energon_pack.state_check import check_loader_state
-from energon_pack.workers import frozen_gc
-from energon_pack.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
-from energon_pack.task_encoder import QwenVLPackingTaskEncoder, WeightedBlendWithoutRepeatError, encoder_fingerprint
+from energon_pack.runtime.state_check import check_loader_state
+from energon_pack.runtime.workers import frozen_gc
+from energon_pack.runtime.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
+from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder, WeightedBlendWithoutRepeatError
 
 
 @dataclass
@@ -46,45 +46,6 @@ class PackingLoaderState:
     worker_stats: dict[int, dict[str, Any]]
     #: Sum of the per-row counters of in-batch rows consumed so far (``PackingStats.snapshot()``).
     row_stats: dict[str, Any] | None = None
-
-
-def dataset_fingerprint(dataset_config: Any) -> str:
-    """Identity of the data a loader reads: a hash of every shard's name and sample count.
-
-    Paths are left out, so a dataset copied elsewhere still resumes; a dataset whose shards hold
-    other sample counts (or have other names) does not.
-    Example: a config tree holding ``{"shards": [{"name": "shards/train-000000.tar", "count": 8,
-    "_path": ...}]}`` -> a 16-hex-digit hash of ``[["shards/train-000000.tar", 8]]``.
-    """
-    shards: list[list[Any]] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, Mapping):
-            for key, value in node.items():
-                if key == "shards" and isinstance(value, list):
-                    shards.extend([s.get("name"), s.get("count")] for s in value if isinstance(s, Mapping))
-                else:
-                    walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(dataset_config)
-    return hashlib.sha256(repr(shards).encode("utf-8")).hexdigest()[:16]
-
-
-def resume_fingerprint(
-    config: PackingConfig, encoder: QwenVLPackingTaskEncoder, *, rank: int, world_size: int, split: str, dataset: str
-) -> dict[str, Any]:
-    """Everything exact resume depends on, as one flat JSON-able dict (``dataset``: ``dataset_fingerprint``)."""
-    return {
-        **config.fingerprint(),
-        **encoder_fingerprint(encoder),
-        "rank": rank,
-        "world_size": world_size,
-        "split": split,
-        "dataset": dataset,
-    }
 
 
 class PackingDataLoader(SavableDataLoader):
@@ -303,7 +264,7 @@ def get_packing_loader(
         dataset = get_val_dataset(path, split_part=split, worker_config=worker_config, batch_size=1, task_encoder=task_encoder)
     fingerprint = resume_fingerprint(
         config, task_encoder, rank=rank, world_size=world_size, split=split,
-        dataset=dataset_fingerprint(dataset.config()),
+        dataset=dataset_config_fingerprint(dataset.config()),
     )
     return PackingDataLoader(
         dataset,

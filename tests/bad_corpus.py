@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from energon_pack.prepare import PrepareReport, prepare_dataset, write_energon_metadata
-from energon_pack.synthetic import SyntheticSpec, encode_image, encode_video, make_records
+from energon_pack.data.prepare import PrepareReport, prepare_dataset, write_energon_metadata
+from energon_pack.data.synthetic import SyntheticSpec, encode_image, encode_video, make_records
 
 #: Marker text replaced by invalid UTF-8 bytes in the stored conversation.
 _NOT_UTF8 = "@@not-utf8@@"

@@ -28,7 +28,7 @@ def processor_qwen3():
 @pytest.fixture(scope="session")
 def synthetic_dataset(tmp_path_factory):
     """A prepared synthetic dataset of 40 mixed samples (images, videos, multi-turn text)."""
-    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+    from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("synthetic")
     spec = SyntheticSpec(max_image_side=640, max_video_seconds=3.0, max_video_side=128)
@@ -39,7 +39,7 @@ def synthetic_dataset(tmp_path_factory):
 @pytest.fixture(scope="session")
 def corrupt_dataset(tmp_path_factory):
     """40 samples, about a tenth of the images truncated (the header reads, decoding fails)."""
-    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+    from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
     spec = SyntheticSpec(max_image_side=640, max_video_seconds=3.0, max_video_side=128, corrupt_fraction=0.1)
     return make_synthetic_dataset(tmp_path_factory.mktemp("corrupt"), 40, seed=3, spec=spec, samples_per_shard=16)

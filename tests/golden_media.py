@@ -1,7 +1,7 @@
 """Shared test helper: a deterministic mix of Qwen-VL chat samples.
 
 ``golden_samples(n, seed, family=...)`` returns ``GoldenSample`` tuples ``(messages, images, videos)``:
-typed messages (see ``energon_pack.conversation``) with media parts in user turns, and the media
+typed messages (see ``energon_pack.core.conversation``) with media parts in user turns, and the media
 as compressed bytes. The mix covers text-only chats, 1-5 images per sample from 28x28 up to
 4000x3000 (JPEG/PNG/WebP in RGB/RGBA/L/P, aspect ratios up to ~143, sides on and around
 multiples of the family's resize factor), 1-20 s videos at 10-60 fps with small frames, system
@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from energon_pack.conversation import Message
-from energon_pack.samples import QwenVLChatSample
-from energon_pack.synthetic import IMAGE_KINDS, encode_image, encode_video
+from energon_pack.core.conversation import Message
+from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.data.synthetic import IMAGE_KINDS, encode_image, encode_video
 
 #: Share of each large golden mix that runs: 1 in the main suite; the compatibility run
 #: (``make test-compat``, a second transformers release) checks a prefix of every mix.

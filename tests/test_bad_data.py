@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from energon_pack.config import PackingConfig
-from energon_pack.conversation import normalize_conversation
+from energon_pack.core.conversation import normalize_conversation
 from energon_pack.errors import BadSampleError, TooManyBadSamplesError
 from energon_pack.loader import get_packing_loader
-from energon_pack.prepare import prepare_dataset
+from energon_pack.data.prepare import prepare_dataset
 from energon_pack.qwen.media import probe_image
-from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from tests.bad_corpus import BAD_KINDS, make_bad_corpus, make_bad_run, png_with_size
 from tests.golden_media import GoldenSample, chat_sample
 from tests.hf_reference import hf_reference

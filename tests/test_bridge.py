@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from energon_pack.bridge import PackingIterator, check_bridge_config
-from energon_pack.config import ConfigError, PackingConfig, ParallelTopology, ResumeMismatchError
+from energon_pack.config import ConfigError, PackingConfig, ParallelTopology
+from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
 from tests.test_loader_resume import EAGER, row_digest
 

@@ -125,7 +125,7 @@ def bridge():
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     """24 mixed samples (images, videos, text-only chats) with a validation split."""
-    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+    from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
     spec = SyntheticSpec(max_image_side=320, max_video_seconds=3.0, max_video_side=96)
     report = make_synthetic_dataset(

@@ -18,13 +18,11 @@ from energon_pack.config import (
     PackingConfig,
     PackingPolicy,
     ParallelTopology,
-    ResumeMismatchError,
     RowLayout,
     TrainerSettings,
-    check_resume_fingerprint,
     check_training_compat,
-    fingerprint_mismatches,
 )
+from energon_pack.identity import ResumeMismatchError, check_resume_fingerprint, fingerprint_mismatches
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TP4_SP = ParallelTopology(tp=4, sp=True)

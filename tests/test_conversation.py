@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from energon_pack.conversation import (
+from energon_pack.core.conversation import (
     count_media_parts,
     decode_conversation_json,
     normalize_conversation,

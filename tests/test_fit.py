@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack.conversation import Message
+from energon_pack.core.conversation import Message
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec, image_grid, image_token_count, smart_resize
 from energon_pack.qwen.media import ImageInfo, VideoInfo

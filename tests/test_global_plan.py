@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack.packing.algorithms import first_fit_decreasing
+from energon_pack.packing.algorithms import RowBudget, first_fit_decreasing
 from energon_pack.packing.global_plan import (
     best_fit_decreasing,
     epoch_row_order,
@@ -20,14 +20,14 @@ from energon_pack.packing.simulate import reference_length_mix, simulate_ffd_per
 
 
 def test_bfd_golden_puts_each_item_in_the_tightest_bin():
-    assert best_fit_decreasing([3, 5, 2, 4], capacity=7) == [[1, 2], [0, 3]]
+    assert best_fit_decreasing([3, 5, 2, 4], RowBudget(tokens=7)) == [[1, 2], [0, 3]]
     # First fit would put 2 next to 5 (first bin with room) and leave 3 for the 4.
-    assert first_fit_decreasing([3, 5, 2, 4], capacity=7) == [[1, 2], [3, 0]]
+    assert first_fit_decreasing([3, 5, 2, 4], RowBudget(tokens=7)) == [[1, 2], [3, 0]]
 
 
 def test_bfd_respects_segment_and_vision_limits():
-    assert best_fit_decreasing([1, 1, 1, 1, 1], capacity=10, max_segments=2) == [[0, 1], [2, 3], [4]]
-    assert best_fit_decreasing([3, 5, 2, 4], capacity=7, vision=[0, 4, 4, 0], max_vision_patches=6) == [
+    assert best_fit_decreasing([1, 1, 1, 1, 1], RowBudget(tokens=10, segments=2)) == [[0, 1], [2, 3], [4]]
+    assert best_fit_decreasing([3, 5, 2, 4], RowBudget(tokens=7, vision_patches=6), vision=[0, 4, 4, 0]) == [
         [1],
         [0, 3],
         [2],
@@ -36,17 +36,17 @@ def test_bfd_respects_segment_and_vision_limits():
 
 def test_subset_sum_refinement_saves_a_row_over_best_fit_decreasing():
     lengths = [4, 8, 6, 11, 6, 19, 2, 17, 5, 11, 1, 6]
-    assert len(best_fit_decreasing(lengths, capacity=20)) == 6
-    assert plan_rows(lengths, capacity=20, min_fill=0.9) == [[0, 8, 9], [1, 3], [2, 4, 11], [5, 10], [6, 7]]
+    assert len(best_fit_decreasing(lengths, RowBudget(tokens=20))) == 6
+    assert plan_rows(lengths, RowBudget(tokens=20), min_fill=0.9) == [[0, 8, 9], [1, 3], [2, 4, 11], [5, 10], [6, 7]]
 
 
 def test_overlong_and_empty_items_are_rejected_by_name():
     with pytest.raises(ValueError, match=r"sample 1 has aligned length 11 > capacity 10"):
-        plan_rows([3, 11], capacity=10, min_fill=0.9)
+        plan_rows([3, 11], RowBudget(tokens=10), min_fill=0.9)
     with pytest.raises(ValueError, match=r"sample 0 has length 0"):
-        best_fit_decreasing([0, 3], capacity=10)
+        best_fit_decreasing([0, 3], RowBudget(tokens=10))
     with pytest.raises(ValueError, match=r"sample 1 has 9 vision patches > max_row_vision_patches 8"):
-        plan_rows([3, 3], capacity=10, min_fill=0.9, vision=[1, 9], max_vision_patches=8)
+        plan_rows([3, 3], RowBudget(tokens=10, vision_patches=8), min_fill=0.9, vision=[1, 9])
 
 
 # ---------------------------------------------------------------- planning: properties
@@ -68,8 +68,8 @@ def planning_cases(draw):
 @given(planning_cases())
 def test_plan_is_a_partition_within_every_budget_and_never_worse_than_bfd(case):
     lengths, capacity, max_segments, vision, max_vision, min_fill = case
-    limits = dict(max_segments=max_segments, vision=vision, max_vision_patches=max_vision)
-    rows = plan_rows(lengths, capacity=capacity, min_fill=min_fill, **limits)
+    budget = RowBudget(tokens=capacity, segments=max_segments, vision_patches=max_vision)
+    rows = plan_rows(lengths, budget, min_fill=min_fill, vision=vision)
     assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
     for row in rows:
         assert row == sorted(row) and row
@@ -77,15 +77,15 @@ def test_plan_is_a_partition_within_every_budget_and_never_worse_than_bfd(case):
         assert max_segments is None or len(row) <= max_segments
         assert max_vision is None or sum(vision[i] for i in row) <= max_vision
     assert [row[0] for row in rows] == sorted(row[0] for row in rows)
-    assert len(rows) <= len(best_fit_decreasing(lengths, capacity, **limits))
-    assert rows == plan_rows(list(lengths), capacity=capacity, min_fill=min_fill, **limits)
+    assert len(rows) <= len(best_fit_decreasing(lengths, budget, vision=vision))
+    assert rows == plan_rows(list(lengths), budget, min_fill=min_fill, vision=vision)
 
 
 def test_global_plan_fill_beats_online_and_ffd_per_buffer_on_the_reference_mix():
     """The acceptance figure at W=8192: the global plan fills >= 99.5 % (4000 samples here)."""
     width = 8192
     lengths = [n for n in reference_length_mix(4000, seed=0) if n <= width]
-    rows = plan_rows(lengths, capacity=width, min_fill=0.99)
+    rows = plan_rows(lengths, RowBudget(tokens=width), min_fill=0.99)
     plan_fill = sum(lengths) / (len(rows) * width)
     online = simulate_stream(lengths, seq_length=width, buffer_size=16, min_fill=0.99, max_wait_rounds=4)
     ffd = simulate_ffd_per_buffer(lengths, seq_length=width, buffer_size=16)

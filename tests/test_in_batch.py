@@ -11,7 +11,7 @@ import pytest
 
 from energon_pack.config import PackingConfig
 from energon_pack.loader import get_packing_loader
-from energon_pack.thd import row_width
+from energon_pack.rows.thd import row_width
 
 K = 4
 EAGER = dict(checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)

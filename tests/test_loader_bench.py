@@ -18,7 +18,7 @@ from energon_pack.tools.bench_loader import (
     row_pixel_bytes,
     settings_of,
 )
-from energon_pack.visual import VisualInputs
+from energon_pack.core.visual import VisualInputs
 
 
 def test_every_buffer_has_ours_per_payload_then_eager() -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from energon_pack.config import PackingConfig, ResumeMismatchError
+from energon_pack.config import PackingConfig
+from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
 
 # Slow: real Energon loaders (worker processes, whole epochs).

@@ -15,15 +15,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack.alignment import aligned_length
+from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingConfig
-from energon_pack.encoded import PackedSegment
+from energon_pack.rows.encoded import PackedSegment
 from energon_pack.loader import get_packing_loader
-from energon_pack.loss_reduction import loss_weight
+from energon_pack.rows.loss_reduction import loss_weight
 from energon_pack.qwen.template import IGNORE_INDEX
-from energon_pack.step import thd_partition_indices
-from energon_pack.thd import build_thd_row
-from energon_pack.visual import VisualInputs
+from energon_pack.rows.step import thd_partition_indices
+from energon_pack.rows.thd import build_thd_row
+from energon_pack.core.visual import VisualInputs
 
 WIDTH = 64
 DP_RANKS = 2

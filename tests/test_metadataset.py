@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from energon_pack import PackingConfig, get_packing_loader
-from energon_pack.prepare import DATASET_YAML, prepare_dataset
-from energon_pack.synthetic import SyntheticSpec, make_records
+from energon_pack.data.prepare import DATASET_YAML, prepare_dataset
+from energon_pack.data.synthetic import SyntheticSpec, make_records
 
 # Slow: real Energon loaders with worker processes.
 pytestmark = pytest.mark.slow

@@ -25,11 +25,11 @@ from PIL import Image
 from transformers.video_utils import VideoMetadata
 
 from energon_pack.config import PackingConfig
-from energon_pack.encoded import PreparedSample
+from energon_pack.rows.encoded import PreparedSample
 from energon_pack.qwen.processor import load_processor
-from energon_pack.samples import QwenVLChatSample
-from energon_pack.synthetic import encode_image, encode_video
-from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.data.synthetic import encode_image, encode_video
+from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from tests.tiny_qwen import real_token_positions, thd_attention_bias, tiny_qwen25_vl
 
 # Slow: the model oracle: a tiny random-weight Qwen2.5-VL forward per case.

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack.alignment import aligned_length
+from energon_pack.core.alignment import aligned_length
 from energon_pack.packing.algorithms import (
     PackItem,
     RoundSize,
@@ -38,31 +38,31 @@ def _indices(bins: list[list[PackItem]]) -> list[list[int]]:
 def test_ffd_golden() -> None:
     # Longest first: 7 -> bin0 (room 3), 6 -> bin1 (room 4), 5 -> bin2 (room 5),
     # 4 -> bin1 (room 0), 3 -> bin0 (room 0), 2 -> bin2 (room 3).
-    assert first_fit_decreasing([5, 7, 3, 2, 4, 6], capacity=10) == [[1, 2], [5, 4], [0, 3]]
+    assert first_fit_decreasing([5, 7, 3, 2, 4, 6], RowBudget(tokens=10)) == [[1, 2], [5, 4], [0, 3]]
 
 
 def test_ffd_equal_lengths_keep_position_order_and_respect_max_segments() -> None:
-    assert first_fit_decreasing([1, 1, 1, 1, 1], capacity=10, max_segments=2) == [[0, 1], [2, 3], [4]]
-    assert first_fit_decreasing([5, 7, 3], capacity=10, max_segments=1) == [[1], [0], [2]]
+    assert first_fit_decreasing([1, 1, 1, 1, 1], RowBudget(tokens=10, segments=2)) == [[0, 1], [2, 3], [4]]
+    assert first_fit_decreasing([5, 7, 3], RowBudget(tokens=10, segments=1)) == [[1], [0], [2]]
 
 
 def test_ffd_rejects_overlong_naming_the_sample() -> None:
     with pytest.raises(ValueError, match=r"sample 1 has aligned length 11 > capacity 10"):
-        first_fit_decreasing([3, 11], capacity=10)
+        first_fit_decreasing([3, 11], RowBudget(tokens=10))
 
 
 def test_ffd_with_vision_budget_golden() -> None:
     # Docstring example: 5 (4 patches) and 2 (4 patches) would carry 8 > 6 patches.
-    assert first_fit_decreasing([3, 5, 2, 4], 7, vision=[0, 4, 4, 0], max_vision_patches=6) == [[1], [3, 0], [2]]
+    assert first_fit_decreasing([3, 5, 2, 4], RowBudget(tokens=7, vision_patches=6), vision=[0, 4, 4, 0]) == [[1], [3, 0], [2]]
     # Media: at most 2 per row; the three one-media samples cannot share one row.
-    assert first_fit_decreasing([1, 1, 1, 1], 10, media=[1, 1, 1, 0], max_media=2) == [[0, 1, 3], [2]]
+    assert first_fit_decreasing([1, 1, 1, 1], RowBudget(tokens=10, media=2), media=[1, 1, 1, 0]) == [[0, 1, 3], [2]]
 
 
 def test_ffd_rejects_a_sample_over_a_vision_limit() -> None:
     with pytest.raises(ValueError, match=r"sample 1 has 9 vision patches > max_row_vision_patches 8.*'shrink'"):
-        first_fit_decreasing([3, 4], 10, vision=[1, 9], max_vision_patches=8)
+        first_fit_decreasing([3, 4], RowBudget(tokens=10, vision_patches=8), vision=[1, 9])
     with pytest.raises(ValueError, match=r"sample 0 has 3 media > max_row_media 2"):
-        first_fit_decreasing([3], 10, media=[3], max_media=2)
+        first_fit_decreasing([3], RowBudget(tokens=10, media=2), media=[3])
 
 
 # ---------------------------------------------------------------- select_bins golden cases
@@ -70,7 +70,7 @@ def test_ffd_rejects_a_sample_over_a_vision_limit() -> None:
 
 def test_select_bins_docstring_example() -> None:
     items = [PackItem(0, 6, 0), PackItem(1, 4, 0), PackItem(2, 3, 0)]
-    result = select_bins(items, capacity=10, round_index=0, min_fill=0.9, max_wait_rounds=2)
+    result = select_bins(items, RowBudget(tokens=10), round_index=0, min_fill=0.9, max_wait_rounds=2)
     assert _indices(result.emitted) == [[0, 1]]
     assert _indices(result.pending) == [[2]]
 
@@ -79,14 +79,14 @@ def test_select_bins_holds_back_underfilled_bins_until_forced() -> None:
     # Round 0: nothing is forced; 7 cannot be completed (room 3), so the best
     # bin is 5+5 (exact); 7 and 4 do not fit together and stay pending.
     items = [PackItem(0, 7, 0), PackItem(1, 5, 0), PackItem(2, 5, 0), PackItem(3, 4, 0)]
-    result = select_bins(items, capacity=10, round_index=0, min_fill=0.9, max_wait_rounds=1)
+    result = select_bins(items, RowBudget(tokens=10), round_index=0, min_fill=0.9, max_wait_rounds=1)
     assert _indices(result.emitted) == [[1, 2]]
     assert _indices(result.pending) == [[0], [3]]
 
     # Round 1: sample 0 (arrived in round 0) is forced and leaves alone at
     # fill 0.7; the new 5+5 fill exactly; the new 4 stays pending.
     items = [PackItem(0, 7, 0), PackItem(1, 5, 1), PackItem(2, 5, 1), PackItem(3, 4, 1)]
-    result = select_bins(items, capacity=10, round_index=1, min_fill=0.9, max_wait_rounds=1)
+    result = select_bins(items, RowBudget(tokens=10), round_index=1, min_fill=0.9, max_wait_rounds=1)
     assert _indices(result.emitted) == [[0], [1, 2]]
     assert _indices(result.pending) == [[3]]
 
@@ -94,25 +94,23 @@ def test_select_bins_holds_back_underfilled_bins_until_forced() -> None:
 def test_select_bins_prefers_exact_fill_over_first_fit() -> None:
     # FFD would pair 6+3 (fill 0.9) and 5+4 (0.9); the exact search finds 6+4 and 5+3+2.
     items = [PackItem(i, n, 0) for i, n in enumerate([6, 5, 4, 3, 2])]
-    result = select_bins(items, capacity=10, round_index=0, min_fill=1.0, max_wait_rounds=3)
+    result = select_bins(items, RowBudget(tokens=10), round_index=0, min_fill=1.0, max_wait_rounds=3)
     assert sorted(_lengths(result.emitted)) == [[5, 3, 2], [6, 4]]
     assert result.pending == []
 
 
 def test_select_bins_max_segments_golden() -> None:
     items = [PackItem(i, 1, 0) for i in range(6)]
-    result = select_bins(
-        items, capacity=10, round_index=0, min_fill=0.5, max_wait_rounds=3, max_segments=2, flush=True
-    )
+    result = select_bins(items, RowBudget(tokens=10, segments=2), round_index=0, min_fill=0.5, max_wait_rounds=3, flush=True)
     assert _indices(result.emitted) == [[0, 1], [2, 3], [4, 5]]
 
 
 def test_select_bins_vision_budget_golden() -> None:
     # Docstring example: without a budget #0 + #1 fill the row; with 8 patches per row they cannot.
     items = [PackItem(0, 6, 0, vision=6), PackItem(1, 4, 0, vision=5), PackItem(2, 4, 0)]
-    args = {"capacity": 10, "round_index": 0, "min_fill": 0.9, "max_wait_rounds": 2}
-    assert _indices(select_bins(items, **args).emitted) == [[0, 1]]
-    result = select_bins(items, **args, max_vision_patches=8)
+    args = {"round_index": 0, "min_fill": 0.9, "max_wait_rounds": 2}
+    assert _indices(select_bins(items, RowBudget(tokens=10), **args).emitted) == [[0, 1]]
+    result = select_bins(items, RowBudget(tokens=10, vision_patches=8), **args)
     assert _indices(result.emitted) == [[0, 2]]
     assert _indices(result.pending) == [[1]]
 
@@ -120,9 +118,7 @@ def test_select_bins_vision_budget_golden() -> None:
 def test_select_bins_media_budget_golden() -> None:
     # Four one-image samples of 5 slots, at most 1 image per row: no two can share a row.
     items = [PackItem(i, 5, 0, media=1) for i in range(4)]
-    result = select_bins(
-        items, capacity=10, round_index=0, min_fill=0.5, max_wait_rounds=2, max_media=1, flush=True
-    )
+    result = select_bins(items, RowBudget(tokens=10, media=1), round_index=0, min_fill=0.5, max_wait_rounds=2, flush=True)
     assert _indices(result.emitted) == [[0], [1], [2], [3]]
 
 
@@ -140,9 +136,7 @@ def test_budgeted_subset_docstring_example() -> None:
 
 def test_select_bins_flush_emits_everything() -> None:
     items = [PackItem(i, n, 0) for i, n in enumerate([3, 3, 3, 9])]
-    result = select_bins(
-        items, capacity=10, round_index=0, min_fill=1.0, max_wait_rounds=5, flush=True
-    )
+    result = select_bins(items, RowBudget(tokens=10), round_index=0, min_fill=1.0, max_wait_rounds=5, flush=True)
     assert result.pending == []
     assert sorted(it.index for b in result.emitted for it in b) == [0, 1, 2, 3]
 
@@ -161,8 +155,10 @@ def test_select_bins_flush_emits_everything() -> None:
 )
 def test_select_bins_rejects_bad_arguments(kwargs: dict, message: str) -> None:
     args = {"capacity": 10, "round_index": 0, "min_fill": 0.9, "max_wait_rounds": 2} | kwargs
+    limits = {"capacity": "tokens", "max_segments": "segments", "max_vision_patches": "vision_patches", "max_media": "media"}
+    budget = RowBudget(**{limits[key]: args.pop(key) for key in list(args) if key in limits})
     with pytest.raises(ValueError, match=message):
-        select_bins([PackItem(0, 1, 0)], **args)
+        select_bins([PackItem(0, 1, 0)], budget, **args)
 
 
 @pytest.mark.parametrize(
@@ -179,9 +175,7 @@ def test_select_bins_rejects_bad_arguments(kwargs: dict, message: str) -> None:
 )
 def test_select_bins_rejects_bad_candidates(items: list[PackItem], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        select_bins(
-            items, capacity=10, round_index=0, min_fill=0.9, max_wait_rounds=2, max_vision_patches=20, max_media=3
-        )
+        select_bins(items, RowBudget(tokens=10, vision_patches=20, media=3), round_index=0, min_fill=0.9, max_wait_rounds=2)
 
 
 # ---------------------------------------------------------------- subset search vs brute force
@@ -277,10 +271,22 @@ stream_params = st.fixed_dictionaries(
 )
 
 
+def _rounds(samples: list, params: dict) -> list[PackingRound]:
+    """``iter_rounds`` with flat keyword parameters (capacity, limits, buffer_size, ...)."""
+    budget = RowBudget(
+        tokens=params["capacity"],
+        segments=params.get("max_segments"),
+        vision_patches=params.get("max_vision_patches"),
+        media=params.get("max_media"),
+    )
+    round_size = RoundSize(samples=params.get("buffer_size"), tokens=params.get("buffer_tokens"))
+    return list(
+        iter_rounds(samples, budget, round_size=round_size, min_fill=params["min_fill"], max_wait_rounds=params["max_wait_rounds"])
+    )
+
+
 def _run(params: dict) -> list[PackingRound]:
-    samples = [MixSample(tokens=n, vision_patches=v, images=m) for n, v, m in params["samples"]]
-    kwargs = {k: v for k, v in params.items() if k != "samples"}
-    return list(iter_rounds(samples, **kwargs))
+    return _rounds([MixSample(tokens=n, vision_patches=v, images=m) for n, v, m in params["samples"]], params)
 
 
 @settings(max_examples=150, deadline=None)
@@ -329,17 +335,7 @@ def test_select_bins_is_deterministic_and_order_independent(params: dict, seed: 
     for rnd in first:
         shuffled = list(rnd.candidates)
         rng.shuffle(shuffled)
-        again = select_bins(
-            shuffled,
-            capacity=params["capacity"],
-            round_index=rnd.index,
-            min_fill=params["min_fill"],
-            max_wait_rounds=params["max_wait_rounds"],
-            max_segments=params["max_segments"],
-            max_vision_patches=params["max_vision_patches"],
-            max_media=params["max_media"],
-            flush=rnd.flush,
-        )
+        again = select_bins(shuffled, RowBudget(tokens=params['capacity'], segments=params['max_segments'], vision_patches=params['max_vision_patches'], media=params['max_media']), round_index=rnd.index, min_fill=params['min_fill'], max_wait_rounds=params['max_wait_rounds'], flush=rnd.flush)
         assert again == rnd.result
 
 
@@ -394,7 +390,7 @@ def test_rows_without_a_budget_equal_those_before_vision_budgets(kwargs: dict, e
     pad = kwargs.pop("pad", 1)
     lengths = [aligned_length(n, pad) for n in reference_length_mix(3000, seed=0)]
     kept = [n for n in lengths if n <= kwargs["capacity"]]
-    assert _rounds_digest(list(iter_rounds(kept, **kwargs))) == expected
+    assert _rounds_digest(_rounds(kept, kwargs)) == expected
 
 
 def test_round_size_counts_samples_or_tokens() -> None:

@@ -13,11 +13,12 @@ from megatron.energon.flavors.base_dataset import SavableDataset
 from megatron.energon.worker import WorkerConfig
 
 from energon_pack.config import PackingPolicy, RowLayout
-from energon_pack.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
+from energon_pack.rows.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
 from energon_pack.errors import BadSampleError
+from energon_pack.packing.algorithms import RoundSize, RowBudget
 from energon_pack.packing.simulate import iter_rounds
-from energon_pack.packing.wrapper import PendingGroupPackingDataset
-from energon_pack.visual import VisualInputs
+from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
+from energon_pack.core.visual import VisualInputs
 
 #: Token lengths of the stream (W = 32): enough rounds for pending groups, waits and a flush.
 LENGTHS = [20, 9, 7, 30, 3, 12, 16, 5, 25, 8, 11, 2, 14, 6, 19, 4, 13, 10, 22, 1, 17, 15, 9, 18]
@@ -129,10 +130,7 @@ def take(stage: PendingGroupPackingDataset, count: int | None = None) -> tuple[l
 
 
 def simulated_rows(lengths: list[int], undecodable: frozenset[int] = frozenset()) -> list[list[str]]:
-    rounds = iter_rounds(
-        lengths, capacity=ROW.seq_length, buffer_size=POLICY.buffer_size, min_fill=POLICY.min_fill,
-        max_wait_rounds=POLICY.max_wait_rounds, decode_failures=undecodable,
-    )
+    rounds = iter_rounds(lengths, RowBudget(tokens=ROW.seq_length), round_size=RoundSize(samples=POLICY.buffer_size), min_fill=POLICY.min_fill, max_wait_rounds=POLICY.max_wait_rounds, decode_failures=undecodable)
     return [[f"s{item.index}" for item in row] for packing_round in rounds for row in packing_round.rows]
 
 

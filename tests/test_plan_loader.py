@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from energon_pack.config import PackingConfig, ResumeMismatchError
+from energon_pack.config import PackingConfig
+from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
 from energon_pack.plan.build import build_plan
 from energon_pack.plan.loader import PlanDataLoader

@@ -18,7 +18,7 @@ import pytest
 
 from energon_pack.config import PackingConfig
 from energon_pack.plan.build import build_plan
-from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from tests.plan_multirank_worker import SEQ_LENGTH
 from tests.test_multirank import REPO, torchrun_env
 

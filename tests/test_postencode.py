@@ -28,17 +28,17 @@ import pytest
 import torch
 
 from energon_pack.config import PackingConfig
-from energon_pack.encoded import PreparedSample
+from energon_pack.rows.encoded import PreparedSample
 from energon_pack.errors import BadSampleError
 from energon_pack.loader import get_packing_loader
-from energon_pack.prepare import prepare_dataset
+from energon_pack.data.prepare import prepare_dataset
 from energon_pack.qwen import media
 from energon_pack.qwen.pixels import decode_video_frames
-from energon_pack.step import to_device_batch
-from energon_pack.synthetic import encode_image, encode_video
-from energon_pack.task_encoder import QwenVLPackingTaskEncoder
-from energon_pack.thd import build_thd_row
-from energon_pack.visual import VisualInputs, normalize_patches
+from energon_pack.rows.step import to_device_batch
+from energon_pack.data.synthetic import encode_image, encode_video
+from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+from energon_pack.rows.thd import build_thd_row
+from energon_pack.core.visual import VisualInputs, normalize_patches
 from tests.golden_media import (
     GoldenSample,
     chat_sample,

@@ -10,10 +10,10 @@ import pytest
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
 from energon_pack.cli import main as cli_main
-from energon_pack.pinning import pin_only_with_accelerator
-from energon_pack.prepare import PrepareError, format_report, prepare_dataset
-from energon_pack.samples import QwenVLChatSample
-from energon_pack.synthetic import encode_image, encode_video
+from energon_pack.runtime.pinning import pin_only_with_accelerator
+from energon_pack.data.prepare import PrepareError, format_report, prepare_dataset
+from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.data.synthetic import encode_image, encode_video
 
 
 def _chat(media: str = "") -> list[dict]:
@@ -181,7 +181,7 @@ def test_generated_ids_cannot_collide_with_user_ids(tmp_path: Path):
 
 
 def test_a_user_id_in_the_generated_id_form_is_rejected(tmp_path: Path):
-    from energon_pack.prepare import GENERATED_ID_PREFIX
+    from energon_pack.data.prepare import GENERATED_ID_PREFIX
 
     lines = [json.dumps({"messages": _chat()}), json.dumps({"id": f"{GENERATED_ID_PREFIX}1", "messages": _chat()})]
     (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")

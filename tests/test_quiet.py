@@ -32,7 +32,7 @@ def test_no_pinned_memory_warning_without_an_accelerator(synthetic_dataset, proc
 def test_qwen3_vl_video_processing_states_its_frame_cap(processor_qwen3):
     """The offline Qwen3-VL processor says how it treats the per-frame pixel cap, so transformers
     does not log its notice on the first video; tokens and pixels follow the uncapped default."""
-    from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
     from tests.golden_media import GoldenSample, chat_sample, make_video
 
     assert processor_qwen3.video_processor.cap_pixels_per_frame is False

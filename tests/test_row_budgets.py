@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from energon_pack.alignment import aligned_length
+from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingConfig
-from energon_pack.inspect_dataset import iter_prepared
+from energon_pack.data.inspect_dataset import iter_prepared
 from energon_pack.loader import get_packing_loader
 
 W = 4096

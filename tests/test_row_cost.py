@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from energon_pack.encoded import ROW_COST_KEYS, PackedRow, PackedSegment
-from energon_pack.stats import PackingStats, aggregate_stats
-from energon_pack.visual import VisualInputs
+from energon_pack.rows.encoded import ROW_COST_KEYS, PackedRow, PackedSegment
+from energon_pack.runtime.stats import PackingStats, aggregate_stats
+from energon_pack.core.visual import VisualInputs
 
 
 def _segment(key: str, length: int, supervised: int, *, images=(), videos=()) -> PackedSegment:

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from energon_pack.config import PackingConfig
-from energon_pack.samples import QwenVLChatSample
+from energon_pack.core.samples import QwenVLChatSample
 from tests.golden_media import GoldenSample, chat_sample
-from energon_pack.synthetic import encode_image, encode_video
-from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+from energon_pack.data.synthetic import encode_image, encode_video
+from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.qwen.pixels import PixelSlots, allocate_row_pixels, patch_rows
-from energon_pack.visual import VisualInputs, _joined
+from energon_pack.core.visual import VisualInputs, _joined
 
 
 def test_patch_rows_sums_t_h_w() -> None:
@@ -83,7 +83,7 @@ def test_pixels_written_into_the_row_payload_equal_per_sample_pixels(processor, 
 def test_fast_jpeg_decode_keeps_the_grid_and_stays_close_to_the_exact_path(processor) -> None:
     from energon_pack.qwen.geometry import VisionSpec, image_grid
     from energon_pack.qwen.pixels import decode_image, image_pixels
-    from energon_pack.synthetic import _smooth_pixels
+    from energon_pack.data.synthetic import _smooth_pixels
     from energon_pack.tools.bench_jpeg import psnr
 
     spec = VisionSpec.from_processor(processor)

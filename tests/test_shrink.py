@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from energon_pack.alignment import aligned_length
+from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingConfig
-from energon_pack.encoded import PreparedSample
+from energon_pack.rows.encoded import PreparedSample
 from energon_pack.qwen.geometry import VisionSpec
-from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from tests.golden_media import FAMILY_FACTORS, GoldenSample, chat_sample, make_image, make_video
 from tests.hf_reference import hf_reference
 

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from energon_pack.alignment import aligned_length
+from energon_pack.core.alignment import aligned_length
+from energon_pack.packing.algorithms import RoundSize, RowBudget
 from energon_pack.packing.simulate import (
     PATCHES_PER_VISUAL_TOKEN,
     MixSample,
@@ -80,11 +81,11 @@ def test_simulate_stream_counts_waits_and_unaligned_tokens() -> None:
 
 
 def test_iter_rounds_flushes_leftovers_after_full_buffers() -> None:
-    rounds = list(iter_rounds([6, 4, 3], capacity=10, buffer_size=2, min_fill=0.9, max_wait_rounds=3))
+    rounds = list(iter_rounds([6, 4, 3], RowBudget(tokens=10), round_size=RoundSize(samples=2), min_fill=0.9, max_wait_rounds=3))
     assert [(r.index, r.flush) for r in rounds] == [(0, False), (1, True)]
     assert [[it.index for it in b] for b in rounds[0].result.emitted] == [[0, 1]]
     assert [[it.index for it in b] for b in rounds[1].result.emitted] == [[2]]
-    assert list(iter_rounds([], capacity=10, buffer_size=2, min_fill=0.9, max_wait_rounds=3)) == []
+    assert list(iter_rounds([], RowBudget(tokens=10), round_size=RoundSize(samples=2), min_fill=0.9, max_wait_rounds=3)) == []
 
 
 def test_ffd_per_buffer_hand_case() -> None:
@@ -209,7 +210,7 @@ def test_plot_fill_without_matplotlib_names_the_extra(tmp_path, monkeypatch) -> 
 def test_token_buffer_runs_a_round_once_the_new_samples_hold_buffer_tokens() -> None:
     lengths = reference_length_mix(600, seed=2)
     kept = [n for n in lengths if n <= 8192]
-    rounds = list(iter_rounds(kept, capacity=8192, buffer_tokens=16384, min_fill=MIN_FILL, max_wait_rounds=4))
+    rounds = list(iter_rounds(kept, RowBudget(tokens=8192), round_size=RoundSize(tokens=16384), min_fill=MIN_FILL, max_wait_rounds=4))
     previous_new: set[int] = set()
     for packing_round in rounds:
         new = [it for it in packing_round.candidates if it.arrival_round == packing_round.index]
@@ -246,4 +247,4 @@ def test_simulation_table_lists_sample_and_token_buffers() -> None:
 def test_round_needs_exactly_one_buffer_unit() -> None:
     for kwargs in ({}, {"buffer_size": 4, "buffer_tokens": 8192}):
         with pytest.raises(ValueError, match="set exactly one"):
-            list(iter_rounds([5], capacity=10, min_fill=0.9, max_wait_rounds=1, **kwargs))
+            list(iter_rounds([5], RowBudget(tokens=10), round_size=RoundSize(samples=kwargs.get("buffer_size"), tokens=kwargs.get("buffer_tokens")), min_fill=0.9, max_wait_rounds=1))

@@ -12,12 +12,12 @@ import pytest
 
 from energon_pack import PackingConfig, get_packing_loader
 from energon_pack.cli import main as cli_main
-from energon_pack.prepare import prepare_dataset
-from energon_pack.synthetic import encode_image
+from energon_pack.data.prepare import prepare_dataset
+from energon_pack.data.synthetic import encode_image
 
 
 def test_warn_skip_logs_a_key_once_per_process(monkeypatch, caplog):
-    from energon_pack import skip_log
+    from energon_pack.runtime import skip_log
 
     monkeypatch.setattr(skip_log, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="energon_pack"):

@@ -26,7 +26,7 @@ import pytest
 
 from energon_pack.config import PackingConfig
 from energon_pack.loader import get_packing_loader
-from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
 W = 1024
 SOAK_ROWS = 2000
@@ -50,7 +50,7 @@ def test_reading_a_shard_by_offset_keeps_no_record_of_its_members(tmp_path):
     import webdataset as wds
     from megatron.energon.flavors.webdataset.itar import ITarFile
 
-    from energon_pack.energon_fixes import forget_read_tar_members
+    from energon_pack.core.energon_fixes import forget_read_tar_members
 
     with wds.TarWriter(str(tmp_path / "shard.tar")) as writer:
         for index in range(20):

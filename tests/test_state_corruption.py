@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from megatron.energon.savable_loader import SavableDataLoaderState
 
-from energon_pack.config import ResumeMismatchError
+from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import PackingLoaderState, get_packing_loader
-from energon_pack.state_check import InvalidLoaderStateError
-from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+from energon_pack.runtime.state_check import InvalidLoaderStateError
+from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from tests.test_loader_resume import EAGER, make_config, row_digest
 
 

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from energon_pack.stats import (
+from energon_pack.runtime.stats import (
     FILL_BINS,
     PackingStats,
     aggregate_stats,
@@ -86,7 +86,7 @@ def test_workers_publish_statistics_at_most_every_few_seconds(synthetic_dataset,
     ends, yet the loader's statistics count every sample."""
     from energon_pack.config import PackingConfig
     from energon_pack.loader import get_packing_loader
-    from energon_pack.packing import wrapper
+    from energon_pack.runtime import packing_stage as wrapper
 
     writes = []
     monkeypatch.setattr(wrapper.time, "monotonic", lambda: 1000.0)
@@ -127,7 +127,7 @@ def test_fill_histogram_has_labelled_bucket_edges():
 
 
 def test_stage_times_accumulate_per_stage_and_reach_the_telemetry():
-    from energon_pack.stage_times import stage_seconds, timed
+    from energon_pack.core.stage_times import stage_seconds, timed
 
     before = stage_seconds().get("test stage", 0.0)
     for _ in range(2):

@@ -12,11 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack.step import PACKED_SEQ_FIELDS, thd_partition_indices, to_device_batch
-from energon_pack.encoded import PackedSegment
+from energon_pack.rows.step import PACKED_SEQ_FIELDS, thd_partition_indices, to_device_batch
+from energon_pack.rows.encoded import PackedSegment
 from energon_pack.qwen.template import IGNORE_INDEX
-from energon_pack.thd import build_thd_row
-from energon_pack.visual import VisualInputs, normalize_patches
+from energon_pack.rows.thd import build_thd_row
+from energon_pack.core.visual import VisualInputs, normalize_patches
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

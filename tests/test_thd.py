@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energon_pack.encoded import PackedSegment
-from energon_pack.alignment import aligned_length
+from energon_pack.rows.encoded import PackedSegment
+from energon_pack.core.alignment import aligned_length
 from energon_pack.qwen.template import IGNORE_INDEX
 from energon_pack.config import RowLayout
-from energon_pack.thd import build_layout_row, build_thd_row, collate_rows, row_width
-from energon_pack.visual import VisualInputs
+from energon_pack.rows.thd import build_layout_row, build_thd_row, collate_rows, row_width
+from energon_pack.core.visual import VisualInputs
 
 PAD = 151643
 

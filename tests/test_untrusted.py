@@ -22,9 +22,9 @@ from megatron.energon.flavors.webdataset.sample_decoder import SampleDecoder
 
 from energon_pack.config import PackingConfig
 from energon_pack.loader import get_packing_loader
-from energon_pack.prepare import prepare_dataset
-from energon_pack.synthetic import encode_image
-from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+from energon_pack.data.prepare import prepare_dataset
+from energon_pack.data.synthetic import encode_image
+from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from tests.bad_corpus import DIRECT_SHARD, PickleExploit, raw_sample, untrusted_kinds, write_direct_shard
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from energon_pack.config import PackingConfig
 from energon_pack.loader import get_packing_loader
-from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from tests.test_loader_resume import EAGER, make_config, row_digest
 
 #: Seconds without a row after which the loader raises: bounds how long a killed worker may go unnoticed.

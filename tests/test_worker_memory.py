@@ -8,7 +8,7 @@ import pytest
 
 from energon_pack.config import PackingConfig
 from energon_pack.loader import frozen_gc, get_packing_loader
-from energon_pack.stage_times import STAGES
+from energon_pack.core.stage_times import STAGES
 
 
 def test_frozen_gc_freezes_only_inside_the_block() -> None:

@@ -144,27 +144,23 @@ class RoundResult:
 
 def first_fit_decreasing(
     lengths: Sequence[int],
-    capacity: int,
-    max_segments: int | None = None,
+    budget: RowBudget,
     *,
     vision: Sequence[int] | None = None,
     media: Sequence[int] | None = None,
-    max_vision_patches: int | None = None,
-    max_media: int | None = None,
 ) -> list[list[int]]:
-    """First-fit-decreasing bin packing; returns bins of positions into ``lengths``.
+    """First-fit-decreasing bin packing within ``budget``; returns bins of positions into ``lengths``.
 
     Items are taken longest first (equal lengths by position) and placed in
-    the first bin with room (and fewer than ``max_segments`` items, and room
-    for the item's ``vision`` patches and ``media`` count when
-    ``max_vision_patches`` / ``max_media`` are set).  Bins are in creation
+    the first bin with room for their tokens (and fewer than ``budget.segments`` items,
+    and room for the item's ``vision`` patches and ``media`` count when
+    ``budget.vision_patches`` / ``budget.media`` are set).  Bins are in creation
     order, positions within a bin in placement order.
 
-    Example: ``first_fit_decreasing([3, 5, 2, 4], capacity=7)``
+    Example: ``first_fit_decreasing([3, 5, 2, 4], RowBudget(tokens=7))``
     -> ``[[1, 2], [3, 0]]`` (5+2, 4+3); with ``vision=[0, 4, 4, 0]`` and
-    ``max_vision_patches=6`` -> ``[[1], [3, 0], [2]]`` (5 and 2 would carry 8 patches).
+    ``RowBudget(tokens=7, vision_patches=6)`` -> ``[[1], [3, 0], [2]]`` (5 and 2 would carry 8 patches).
     """
-    budget = RowBudget(tokens=capacity, segments=max_segments, vision_patches=max_vision_patches, media=max_media)
     _check_budget(budget)
     items = [
         PackItem(
@@ -200,33 +196,30 @@ def _first_fit_decreasing(items: Sequence[PackItem], budget: RowBudget) -> list[
 
 def select_bins(
     candidates: Sequence[PackItem],
+    budget: RowBudget,
     *,
-    capacity: int,
     round_index: int,
     min_fill: float,
     max_wait_rounds: int,
-    max_segments: int | None = None,
-    max_vision_patches: int | None = None,
-    max_media: int | None = None,
     flush: bool = False,
 ) -> RoundResult:
     """Choose the bins one round emits and the groups it carries forward.
 
-    ``capacity`` is the bin width W in slots; a bin's fill is the sum of its
+    ``budget.tokens`` is the bin width W in slots; a bin's fill is the sum of its
     aligned lengths / W.  A candidate is forced when ``flush`` is set or
     ``round_index - arrival_round >= max_wait_rounds``; forced candidates are
     always emitted, so no sample waits more than ``max_wait_rounds`` rounds.
     The result depends only on the set of candidates, not on their order.
-    ``max_vision_patches`` / ``max_media`` bound each bin's (and pending
-    group's) sum of ``vision`` / ``media``; None sets no bound.
+    ``budget.segments`` / ``budget.vision_patches`` / ``budget.media`` bound each bin's
+    (and pending group's) count, sum of ``vision`` and sum of ``media``; None sets no bound.
 
-    Example (W=10, min_fill=0.9, max_wait_rounds=2, round 0):
+    Example (``RowBudget(tokens=10)``, min_fill=0.9, max_wait_rounds=2, round 0):
     lengths 6, 4, 3 (indices 0, 1, 2, all new)
     -> emitted ``[[#0 (6), #1 (4)]]`` (fill 1.0), pending ``[[#2 (3)]]``.
     Lengths 6, 4, 4 with vision 6, 5, 0 and ``max_vision_patches=8``: #0 and
     #1 cannot share a row -> emitted ``[[#0 (6), #2 (4)]]``, pending ``[[#1 (4)]]``.
     """
-    budget = RowBudget(tokens=capacity, segments=max_segments, vision_patches=max_vision_patches, media=max_media)
+    capacity = budget.tokens
     _check_round_args(budget, min_fill, max_wait_rounds)
     _check_candidates(candidates, budget, round_index)
     pool = sorted(candidates, key=lambda it: (it.arrival_round, -it.length, it.index))

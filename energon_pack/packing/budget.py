@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from energon_pack.alignment import aligned_length
+from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.algorithms import RowBudget

@@ -3,11 +3,11 @@
 Two pure parts:
 
 * **Planning** (:func:`plan_rows`): the aligned lengths of every sample of a split are packed
-  into rows of ``capacity`` slots by best-fit decreasing; the rows that stay under
+  into rows of ``budget.tokens`` slots by best-fit decreasing; the rows that stay under
   ``min_fill`` are then dissolved and packed again with the online selection's exact
   subset-sum (:func:`~energon_pack.packing.algorithms.select_bins` in a flush round), and
   the second packing is kept when it needs no more rows. Same budgets as online packing:
-  ``capacity`` slots and at most ``max_segments`` samples per row.
+  one :class:`~energon_pack.packing.algorithms.RowBudget` (slots, segments, vision patches, media).
 * **Reading order** (:func:`epoch_row_order`, :func:`rank_positions`): row ``g`` of epoch
   ``e`` is ``order_e[g]`` where ``order_e`` is a permutation drawn from ``(seed, e)``; a
   position in the stream goes to data-parallel rank ``(position - base) % world_size`` and,
@@ -35,32 +35,29 @@ __all__ = [
 
 def best_fit_decreasing(
     lengths: Sequence[int],
-    capacity: int,
-    max_segments: int | None = None,
+    budget: RowBudget,
     *,
     vision: Sequence[int] | None = None,
     media: Sequence[int] | None = None,
-    max_vision_patches: int | None = None,
-    max_media: int | None = None,
 ) -> list[list[int]]:
-    """Best-fit-decreasing bin packing; returns bins of positions into ``lengths``.
+    """Best-fit-decreasing bin packing within ``budget``; returns bins of positions into ``lengths``.
 
     Items are taken longest first (equal lengths by position) and placed in the open bin
-    with the least token room that still holds them within every limit (``max_segments``,
-    and ``max_vision_patches`` / ``max_media`` over the items' ``vision`` / ``media``; ties:
-    the bin opened first); a bin closes when it has no token or segment room left. Bins are
-    in creation order, positions within a bin ascending. O(n log n) without vision limits.
+    with the least token room that still holds them within every limit (``budget.segments``,
+    and ``budget.vision_patches`` / ``budget.media`` over the items' ``vision`` / ``media``;
+    ties: the bin opened first); a bin closes when it has no token or segment room left. Bins
+    are in creation order, positions within a bin ascending. O(n log n) without vision limits.
 
-    Example: ``best_fit_decreasing([3, 5, 2, 4], capacity=7)`` -> ``[[1, 2], [0, 3]]``
+    Example: ``best_fit_decreasing([3, 5, 2, 4], RowBudget(tokens=7))`` -> ``[[1, 2], [0, 3]]``
     (5 opens bin 0, 4 opens bin 1, 3 fits bin 1 exactly, 2 fits bin 0 exactly).
     """
-    budget = _checked_budget(lengths, capacity, max_segments, vision, media, max_vision_patches, max_media)
+    _check_items_fit(lengths, budget, vision, media)
     vision = [0] * len(lengths) if vision is None else vision
     media = [0] * len(lengths) if media is None else media
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
-    vision_room: list[int] = []  # per bin; compared only when max_vision_patches is set
-    media_room: list[int] = []  # per bin; compared only when max_media is set
+    vision_room: list[int] = []  # per bin; compared only when budget.vision_patches is set
+    media_room: list[int] = []  # per bin; compared only when budget.media is set
     open_bins: list[tuple[int, int]] = []  # (token room, bin id), ascending
 
     def fits(i: int, b: int) -> bool:
@@ -75,7 +72,7 @@ def best_fit_decreasing(
         if slot < len(open_bins):
             room, b = open_bins.pop(slot)
         else:
-            room, b = capacity, len(bins)
+            room, b = budget.tokens, len(bins)
             bins.append([])
             vision_room.append(budget.vision_patches or 0)
             media_room.append(budget.media or 0)
@@ -83,23 +80,20 @@ def best_fit_decreasing(
         room -= lengths[i]
         vision_room[b] -= vision[i]
         media_room[b] -= media[i]
-        if room > 0 and (max_segments is None or len(bins[b]) < max_segments):
+        if room > 0 and (budget.segments is None or len(bins[b]) < budget.segments):
             bisect.insort(open_bins, (room, b))
     return [sorted(b) for b in bins]
 
 
 def plan_rows(
     lengths: Sequence[int],
+    budget: RowBudget,
     *,
-    capacity: int,
     min_fill: float,
-    max_segments: int | None = None,
     vision: Sequence[int] | None = None,
     media: Sequence[int] | None = None,
-    max_vision_patches: int | None = None,
-    max_media: int | None = None,
 ) -> list[list[int]]:
-    """Pack every item into rows within the online budgets; returns rows of positions into ``lengths``.
+    """Pack every item into rows within ``budget``; returns rows of positions into ``lengths``.
 
     Best-fit decreasing first; rows filled below ``min_fill`` are dissolved and packed again
     by exact subset-sum (each row seeded with the longest remaining item and completed as
@@ -107,13 +101,12 @@ def plan_rows(
     them when it needs no more rows. Rows are ordered by their smallest position, positions
     within a row ascending; the result depends only on the arguments.
 
-    Example: ``plan_rows([4, 8, 6, 11, 6, 19, 2, 17, 5, 11, 1, 6], capacity=20, min_fill=0.9)``
+    Example: ``plan_rows([4, 8, 6, 11, 6, 19, 2, 17, 5, 11, 1, 6], RowBudget(tokens=20), min_fill=0.9)``
     -> 5 rows ``[[0, 8, 9], [1, 3], [2, 4, 11], [5, 10], [6, 7]]``, where best-fit
     decreasing alone needs 6.
     """
-    limits = dict(max_segments=max_segments, max_vision_patches=max_vision_patches, max_media=max_media)
-    bins = best_fit_decreasing(lengths, capacity, vision=vision, media=media, **limits)
-    threshold = min_fill * capacity
+    bins = best_fit_decreasing(lengths, budget, vision=vision, media=media)
+    threshold = min_fill * budget.tokens
     loose = [b for b in bins if sum(lengths[i] for i in b) < threshold]
     if len(loose) > 1:
         pool = [
@@ -127,37 +120,27 @@ def plan_rows(
             for b in loose
             for i in b
         ]
-        refined = select_bins(
-            pool, capacity=capacity, round_index=0, min_fill=min_fill, max_wait_rounds=0, flush=True, **limits
-        ).emitted
+        refined = select_bins(pool, budget, round_index=0, min_fill=min_fill, max_wait_rounds=0, flush=True).emitted
         if len(refined) <= len(loose):
             kept = [b for b in bins if sum(lengths[i] for i in b) >= threshold]
             bins = kept + [[it.index for it in row] for row in refined]
     return sorted((sorted(b) for b in bins), key=lambda b: b[0])
 
 
-def _checked_budget(
-    lengths: Sequence[int],
-    capacity: int,
-    max_segments: int | None,
-    vision: Sequence[int] | None,
-    media: Sequence[int] | None,
-    max_vision_patches: int | None,
-    max_media: int | None,
-) -> RowBudget:
-    """The row budget, after checking that every item could fit one row (ValueError naming it)."""
-    budget = RowBudget(tokens=capacity, segments=max_segments, vision_patches=max_vision_patches, media=max_media)
+def _check_items_fit(
+    lengths: Sequence[int], budget: RowBudget, vision: Sequence[int] | None, media: Sequence[int] | None
+) -> None:
+    """Check the budget, and that every item could fit one row alone (ValueError naming it)."""
     _check_budget(budget)
     for i, length in enumerate(lengths):
         seen_vision = 0 if vision is None else vision[i]
         seen_media = 0 if media is None else media[i]
         if not (
-            1 <= length <= capacity
-            and 0 <= seen_vision <= (max_vision_patches if max_vision_patches is not None else seen_vision)
-            and 0 <= seen_media <= (max_media if max_media is not None else seen_media)
+            1 <= length <= budget.tokens
+            and 0 <= seen_vision <= (budget.vision_patches if budget.vision_patches is not None else seen_vision)
+            and 0 <= seen_media <= (budget.media if budget.media is not None else seen_media)
         ):
             _check_item(i, PackItem(index=i, length=length, arrival_round=0, vision=seen_vision, media=seen_media), budget)
-    return budget
 
 
 def epoch_row_order(num_rows: int, *, seed: int, epoch: int) -> list[int]:

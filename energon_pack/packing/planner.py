@@ -11,7 +11,7 @@ aligned length, arrival round, vision patches, media) and decides
 3. which ready bin is emitted next, and whether the members of a bin that lost a sample at
    decode time may go back to pending (only while none would wait past ``max_wait_rounds``).
 
-The packing stage (``packing/wrapper.py``) drives it with real samples and the simulator
+The packing stage (``runtime/packing_stage.py``) drives it with real samples and the simulator
 (``packing/simulate.py``) with token lengths, with the same loop, so the fill the simulator
 reports is the fill the loader gets. ``state()`` / ``restore()`` save and set it as plain lists and ints.
 """
@@ -151,13 +151,10 @@ class RoundPlanner:
         candidates = self.pending + self.new
         result = select_bins(
             candidates,
-            capacity=self.budget.tokens,
+            self.budget,
             round_index=self.round_index,
             min_fill=self.min_fill,
             max_wait_rounds=self.max_wait_rounds,
-            max_segments=self.budget.segments,
-            max_vision_patches=self.budget.vision_patches,
-            max_media=self.budget.media,
             flush=self.exhausted,
         )
         planned = PlannedRound(index=self.round_index, candidates=candidates, flush=self.exhausted, result=result)

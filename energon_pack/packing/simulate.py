@@ -17,10 +17,10 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from energon_pack.alignment import aligned_length
+from energon_pack.core.alignment import aligned_length
 from energon_pack.packing.algorithms import PackItem, RoundSize, RowBudget, first_fit_decreasing
 from energon_pack.packing.planner import PlannedRound, RoundPlanner
-from energon_pack.tables import format_table as format_text_table
+from energon_pack.core.tables import format_table as format_text_table
 
 __all__ = [
     "MixSample",
@@ -176,33 +176,28 @@ class PackingRound(PlannedRound):
 
 def iter_rounds(
     aligned_lengths: Sequence[int | MixSample],
+    budget: RowBudget,
     *,
-    capacity: int,
-    buffer_size: int | None = None,
-    buffer_tokens: int | None = None,
+    round_size: RoundSize,
     min_fill: float,
     max_wait_rounds: int,
-    max_segments: int | None = None,
-    max_vision_patches: int | None = None,
-    max_media: int | None = None,
     decode_failures: Collection[int] = (),
 ) -> Iterator[PackingRound]:
     """Drive the packing stage's round planner (:class:`RoundPlanner`) over a stream, with the
-    stage's loop: read until ``buffer_size`` new samples arrived (or, with ``buffer_tokens``
-    instead, until the new samples hold at least that many aligned slots), run a round on them
-    plus the pending groups, emit the ready bins; after the stream a flush round emits
-    everything left.
+    stage's loop: read until ``round_size`` is full (``samples`` new samples arrived, or the new
+    samples hold at least ``tokens`` aligned slots), run a round on them plus the pending
+    groups, emit the ready bins; after the stream a flush round emits everything left.
 
     Sample ``i`` gets arrival index ``i``; a sample is its aligned length in slots, or a
     `MixSample` whose ``tokens`` are that aligned length. Samples whose index is in
     ``decode_failures`` fail at decode time, as a corrupt image does in the stage.
 
-    Example: aligned lengths ``[6, 4, 3]``, capacity 10, buffer 2 -> round 0
-    emits ``[#0, #1]``; flush round 1 emits ``[#2]``.
+    Example: aligned lengths ``[6, 4, 3]``, ``RowBudget(tokens=10)``, ``RoundSize(samples=2)``
+    -> round 0 emits ``[#0, #1]``; flush round 1 emits ``[#2]``.
     """
     planner = RoundPlanner(
-        budget=RowBudget(tokens=capacity, segments=max_segments, vision_patches=max_vision_patches, media=max_media),
-        round_size=RoundSize(samples=buffer_size, tokens=buffer_tokens),
+        budget=budget,
+        round_size=round_size,
         min_fill=min_fill,
         max_wait_rounds=max_wait_rounds,
     )
@@ -255,14 +250,10 @@ def simulate_stream(
     waits: list[int] = []
     for packing_round in iter_rounds(
         _aligned(kept, pad_multiple),
-        capacity=seq_length,
-        buffer_size=buffer_size,
-        buffer_tokens=buffer_tokens,
+        budget,
+        round_size=RoundSize(samples=buffer_size, tokens=buffer_tokens),
         min_fill=min_fill,
         max_wait_rounds=max_wait_rounds,
-        max_segments=max_segments,
-        max_vision_patches=max_vision_patches,
-        max_media=max_media,
     ):
         rows.extend(packing_round.rows)
         waits.extend(packing_round.index - it.arrival_round for b in packing_round.rows for it in b)
@@ -290,13 +281,7 @@ def simulate_ffd_per_buffer(
     vision: list[int] = []
     for buffer in _buffers(aligned, RoundSize(samples=buffer_size, tokens=buffer_tokens)):
         bins = first_fit_decreasing(
-            [s.tokens for s in buffer],
-            seq_length,
-            max_segments,
-            vision=[s.vision_patches for s in buffer],
-            media=[s.media for s in buffer],
-            max_vision_patches=max_vision_patches,
-            max_media=max_media,
+            [s.tokens for s in buffer], budget, vision=[s.vision_patches for s in buffer], media=[s.media for s in buffer]
         )
         vision.extend(sum(buffer[p].vision_patches for p in row) for row in bins)
     return _result(kept, skipped, vision, seq_length, [0] * len(kept))

@@ -24,7 +24,8 @@ from typing import Any, Optional
 import numpy as np
 
 from energon_pack.config import PackingConfig
-from energon_pack.packing.budget import sample_misfit
+from energon_pack.identity import encoder_fingerprint, plan_fingerprint, split_fingerprint
+from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.global_plan import plan_rows
 from energon_pack.plan.file import PackPlan
 
@@ -33,8 +34,6 @@ __all__ = [
     "build_plan",
     "dataset_fingerprint",
     "measure_split",
-    "packing_fingerprint",
-    "plan_fingerprint",
     "plan_measurement",
     "webdataset_index",
 ]
@@ -83,32 +82,7 @@ def dataset_fingerprint(path: str | Path, split: str) -> dict[str, Any]:
     """
     from megatron.energon import WorkerConfig
 
-    factory = open_split(path, split, WorkerConfig(rank=0, world_size=1, num_workers=0))
-    shards = [[shard.name, int(shard.count), int(shard.path.size())] for shard in factory.shards]
-    return {"split": split, "shards": shards, "excluded_samples": len(factory.sample_excludes)}
-
-
-def packing_fingerprint(config: PackingConfig) -> dict[str, Any]:
-    """The config fields that decide which rows a plan holds (not how they are read or built)."""
-    return {
-        "seq_length": config.seq_length,
-        "pad_multiple": config.pad_multiple,
-        "max_segments": config.max_segments,
-        "min_fill": config.min_fill,
-        "on_overlong": config.on_overlong,
-        "max_row_vision_patches": config.max_row_vision_patches,
-        "max_row_media": config.max_row_media,
-    }
-
-
-def plan_fingerprint(dataset: Mapping[str, Any], encoder: Mapping[str, Any], config: PackingConfig) -> dict[str, Any]:
-    """What a plan depends on: ``{"dataset": ..., "encoder": ..., "packing": ...}``."""
-    return {"dataset": dict(dataset), "encoder": dict(encoder), "packing": packing_fingerprint(config)}
-
-
-def flat_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"dataset": {"split": "train"}}`` -> ``{"dataset.split": "train"}`` (for naming mismatches)."""
-    return {f"{part}.{name}": value for part, values in fingerprint.items() for name, value in values.items()}
+    return split_fingerprint(open_split(path, split, WorkerConfig(rank=0, world_size=1, num_workers=0)), split)
 
 
 # --------------------------------------------------------------------------- measure
@@ -187,7 +161,7 @@ def measure_split(
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
     from tqdm import tqdm
 
-    from energon_pack.pinning import pin_only_with_accelerator
+    from energon_pack.runtime.pinning import pin_only_with_accelerator
 
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
     total = len(open_split(path, split, worker_config))
@@ -218,13 +192,10 @@ def plan_measurement(measurement: Measurement, config: PackingConfig, fingerprin
     aligned = -(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple
     rows = plan_rows(
         aligned.tolist(),
-        capacity=config.seq_length,
+        row_budget(config.row, config.policy),
         min_fill=config.min_fill,
-        max_segments=config.max_segments,
         vision=measurement.vision[kept].tolist(),
         media=measurement.media[kept].tolist(),
-        max_vision_patches=config.max_row_vision_patches,
-        max_media=config.max_row_media,
     )
     return PackPlan.from_rows(
         [kept[row].tolist() for row in rows],
@@ -246,8 +217,7 @@ def build_plan(
     progress: bool = True,
 ) -> PackPlan:
     """Measure ``split`` of the dataset at ``path`` and plan its rows (``config.num_workers`` by default)."""
-    from energon_pack.task_encoder import encoder_fingerprint
-    from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 
     encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
     workers = config.num_workers if num_workers is None else num_workers
@@ -276,7 +246,7 @@ def plan_report(plan: PackPlan, *, seq_length: int, seconds: float, path: Path |
 def run_plan(args: Any) -> int:
     """``energon-pack plan DATASET --config packing.yaml [--processor PATH] --out PLAN``."""
     from energon_pack.qwen.processor import load_processor
-    from energon_pack.tables import format_table
+    from energon_pack.core.tables import format_table
 
     config = PackingConfig.from_yaml(args.config)
     processor = load_processor(args.processor) if args.processor else load_processor()

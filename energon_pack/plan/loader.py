@@ -28,11 +28,18 @@ from typing import Any
 
 import torch
 
-from energon_pack.config import PackingConfig, ResumeMismatchError, check_resume_fingerprint, fingerprint_mismatches
+from energon_pack.config import PackingConfig
+from energon_pack.identity import (
+    check_plan_fingerprint,
+    check_resume_fingerprint,
+    encoder_fingerprint,
+    plan_fingerprint,
+    plan_loader_fingerprint,
+)
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
-from energon_pack.plan.build import dataset_fingerprint, flat_fingerprint, open_split, plan_fingerprint
+from energon_pack.plan.build import dataset_fingerprint, open_split
 from energon_pack.plan.file import PackPlan
-from energon_pack.stats import PackingStats, aggregate_stats
+from energon_pack.runtime.stats import PackingStats, aggregate_stats
 
 __all__ = ["PlanDataLoader", "PlanLoaderState", "check_plan_matches", "plan_data_loader"]
 
@@ -61,24 +68,8 @@ def check_plan_matches(
 ) -> None:
     """Raise ``ResumeMismatchError`` naming every field where ``plan`` was built for something else
     (dataset shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
-    from energon_pack.task_encoder import encoder_fingerprint
-
-    current = flat_fingerprint(plan_fingerprint(dataset_fingerprint(path, split), encoder_fingerprint(encoder), config))
-    saved = flat_fingerprint(plan.fingerprint)
-    fields = fingerprint_mismatches(saved, current)
-    if not fields:
-        return
-    detail = "\n".join(f"  - {key}: plan {saved.get(key, '<absent>')!r}, current {current.get(key, '<absent>')!r}" for key in fields)
-    if config.allow_inexact_resume:
-        _LOG.warning("the pack plan was built for a different dataset or configuration:\n%s", detail)
-        return
-    raise ResumeMismatchError(
-        f"the pack plan (digest {plan.digest[:16]}) was built for a different dataset or configuration "
-        f"({', '.join(fields)} differ):\n{detail}\n"
-        "fix: rebuild the plan with energon-pack plan for this dataset, processor and config, or pass "
-        "allow_inexact_resume=True to read it anyway",
-        fields,
-    )
+    current = plan_fingerprint(dataset_fingerprint(path, split), encoder_fingerprint(encoder), config)
+    check_plan_fingerprint(plan.fingerprint, current, digest=plan.digest, allow_inexact=config.allow_inexact_resume)
 
 
 class PlanRowSource:
@@ -226,7 +217,7 @@ class PlanDataLoader:
             collate_fn=_identity,
             prefetch_factor=self.prefetch_factor if self.num_workers else None,
         )
-        from energon_pack.workers import frozen_gc
+        from energon_pack.runtime.workers import frozen_gc
 
         with frozen_gc():  # workers fork here: keep the parent's objects' pages shared (see frozen_gc)
             self._rows = rows = iter(loader)
@@ -371,15 +362,7 @@ def plan_data_loader(
             "fix: see docs/bad_input_policy.md for each reason, then rebuild the plan"
         )
     repeat = config.repeat if split == "train" else False
-    fingerprint = {
-        "plan": plan.digest,
-        "seed": config.seed,
-        "repeat": repeat,
-        "fixed_width": config.fixed_width,
-        "width_multiple": config.width_multiple,
-        "pad_cu_seqlens": config.pad_cu_seqlens,
-        "pixel_dtype": config.pixel_dtype,
-    }
+    fingerprint = plan_loader_fingerprint(plan.digest, config, repeat=repeat)
     return PlanDataLoader(
         PlanRowSource(plan, path, split, encoder, seed=config.seed),
         rank=rank,

@@ -30,8 +30,8 @@ from energon_pack.qwen.template import (
     placeholder_token_count,
     tokenize_conversation,
 )
-from energon_pack.stage_times import timed
-from energon_pack.visual import VisualInputs
+from energon_pack.core.stage_times import timed
+from energon_pack.core.visual import VisualInputs
 
 __all__ = ["EncodedChat", "PreparedChat", "QwenChatEncoder"]
 

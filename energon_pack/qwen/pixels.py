@@ -3,7 +3,7 @@
 Only the samples of a bin being emitted come here. Outputs are exactly the Hugging Face
 processor's ``pixel_values`` / ``pixel_values_videos`` and grids, because the processor's own
 image and video processors do the resizing, rescaling, normalising and patchifying. With
-``uint8=True`` the rescale/normalise step is left to the device (``energon_pack.visual``):
+``uint8=True`` the rescale/normalise step is left to the device (``energon_pack.core.visual``):
 the payload is the resized, patchified uint8 pixels, 4x smaller than float32.
 
 Memory: media are decoded and patchified one image / one video at a time (each decoded
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from energon_pack.errors import BadSampleError
-from energon_pack.stage_times import timed
+from energon_pack.core.stage_times import timed
 from energon_pack.qwen.template import VideoTiming
 
 

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from energon_pack.cache import cache_dir
+from energon_pack.core.cache import cache_dir
 from energon_pack.errors import UsageError
 from energon_pack.qwen.family import FAMILIES, Family
 

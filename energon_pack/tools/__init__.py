@@ -23,7 +23,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from energon_pack.tables import format_table
+from energon_pack.core.tables import format_table
 from energon_pack.tools.bench_jpeg import bench_jpeg
 from energon_pack.tools.bench_loader import bench_loader, loader_options
 from energon_pack.tools.bench_postencode import bench_postencode
@@ -47,7 +47,7 @@ STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg")
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run ``args.stage`` ("all" = every stage in `STAGES`) on ``args.samples`` samples; print one table per stage."""
-    from energon_pack.cache import cache_dir
+    from energon_pack.core.cache import cache_dir
 
     work_dir = Path(args.out) if args.out is not None else cache_dir("bench")
     stages = STAGES if args.stage == "all" else (args.stage,)

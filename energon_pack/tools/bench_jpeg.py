@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from energon_pack.samples import QwenVLChatSample
+from energon_pack.core.samples import QwenVLChatSample
 from energon_pack.tools.common import BenchRows, bench_samples
 
 __all__ = ["bench_fast_jpeg", "bench_jpeg", "psnr"]

@@ -10,7 +10,7 @@ round, the order alternating) and repeated ``--epochs`` times; each run is one f
 Per setting: samples/s (median and min-max over the runs), worker peak USS (private memory:
 ``psutil memory_full_info().uss``, sampled every 50 ms in every worker process) and RSS, peak
 buffered bytes per worker, pixel bytes per row, rows in flight per worker (being built +
-``prefetch_factor`` queued), fill, and where the workers' time went (``energon_pack.stage_times``).
+``prefetch_factor`` queued), fill, and where the workers' time went (``energon_pack.core.stage_times``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from megatron.energon import Sample, TaskEncoder
 from megatron.energon.edataclass import edataclass
 from megatron.energon.task_encoder.base import stateless
 
-from energon_pack.samples import QwenVLChatSample
-from energon_pack.stage_times import STAGES
+from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.core.stage_times import STAGES
 from energon_pack.tools.common import BenchRows, bench_dataset, hf_processor_outputs
 
 __all__ = [
@@ -83,7 +83,7 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
 
     @stateless
     def encode_sample(self, sample: QwenVLChatSample) -> ProcessedSample:
-        from energon_pack.stage_times import timed
+        from energon_pack.core.stage_times import timed
 
         with timed("HF processor"):
             outputs = hf_processor_outputs(self.processor, sample.conversation, sample.images, sample.videos)
@@ -91,16 +91,16 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
         return ProcessedSample.derive_from(sample, input_ids=outputs["input_ids"][0], **visual)
 
     def select_samples_to_pack(self, samples: list[ProcessedSample]) -> list[list[ProcessedSample]]:
-        from energon_pack.packing.algorithms import first_fit_decreasing
+        from energon_pack.packing.algorithms import RowBudget, first_fit_decreasing
 
         self._buffer_bytes = sum(s.nbytes() for s in samples)
         self._buffer_samples = len(samples)
         fitting = [s for s in samples if s.input_ids.numel() <= self.seq_length]
-        bins = first_fit_decreasing([s.input_ids.numel() for s in fitting], self.seq_length)
+        bins = first_fit_decreasing([s.input_ids.numel() for s in fitting], RowBudget(tokens=self.seq_length))
         return [[fitting[i] for i in positions] for positions in bins]
 
     def pack_selected_samples(self, samples: list[ProcessedSample]) -> dict:
-        from energon_pack.stage_times import stage_seconds, timed
+        from energon_pack.core.stage_times import stage_seconds, timed
 
         with timed("row assembly"):
             row = self._assemble(samples)
@@ -291,7 +291,7 @@ def _loader_factory(setting: LoaderSetting, dataset: Path, processor: Any, optio
 
     from energon_pack.config import PackingConfig
     from energon_pack.loader import get_packing_loader
-    from energon_pack.pinning import pin_only_with_accelerator
+    from energon_pack.runtime.pinning import pin_only_with_accelerator
 
     config = PackingConfig(
         seq_length=options.seq_length,

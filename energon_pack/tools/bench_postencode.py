@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from energon_pack.samples import QwenVLChatSample
+from energon_pack.core.samples import QwenVLChatSample
 from energon_pack.tools.common import BenchRows, bench_samples, hf_processor_outputs
 
 
@@ -55,7 +55,7 @@ def bench_postencode(num_samples: int, work_dir: Path) -> BenchRows:
 
     from energon_pack.config import PackingConfig
     from energon_pack.qwen.processor import load_processor
-    from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 
     samples = bench_samples(work_dir, num_samples)
     processor = load_processor()

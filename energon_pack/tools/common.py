@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from energon_pack.samples import QwenVLChatSample
+from energon_pack.core.samples import QwenVLChatSample
 
 #: Image and video sizes of the benchmark mix: photos of about 0.3-12 MP, panning clips of 10-120 s
 #: (encoded with x264 "ultrafast" and generated frame by frame, so the mix is quick to make).
@@ -31,12 +31,12 @@ BenchRows = list[dict[str, Any]]
 
 
 def bench_samples(work_dir: Path, num_samples: int, *, seed: int = 0) -> list[QwenVLChatSample]:
-    """The benchmark mix (``energon_pack.synthetic`` records with big images), generated once under ``work_dir``.
+    """The benchmark mix (``energon_pack.data.synthetic`` records with big images), generated once under ``work_dir``.
 
     Media are read back as compressed bytes into ``QwenVLChatSample`` objects (no Energon dataset).
     """
-    from energon_pack.conversation import parse_record
-    from energon_pack.synthetic import SyntheticSpec, make_records
+    from energon_pack.core.conversation import parse_record
+    from energon_pack.data.synthetic import SyntheticSpec, make_records
 
     raw = Path(work_dir) / f"mix{BENCH_MIX_VERSION}-{num_samples}-{seed}"
     done = raw / ".complete"
@@ -63,7 +63,7 @@ def bench_samples(work_dir: Path, num_samples: int, *, seed: int = 0) -> list[Qw
 
 def bench_dataset(work_dir: Path, num_samples: int, *, seed: int = 0) -> Path:
     """The benchmark mix of `bench_samples` prepared (once) as an Energon dataset; returns its path."""
-    from energon_pack.prepare import prepare_dataset
+    from energon_pack.data.prepare import prepare_dataset
 
     bench_samples(work_dir, num_samples, seed=seed)
     raw = Path(work_dir) / f"mix{BENCH_MIX_VERSION}-{num_samples}-{seed}"

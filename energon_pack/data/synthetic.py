@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from energon_pack.prepare import PrepareReport, prepare_dataset
+from energon_pack.data.prepare import PrepareReport, prepare_dataset
 
 _WORDS = (
     "the a cat dog red blue small large image video shows scene person car tree sky river city "

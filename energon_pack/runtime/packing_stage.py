@@ -42,17 +42,17 @@ from megatron.energon.wrappers.base import (
     get_sample_restore_key,
 )
 
-from energon_pack.alignment import aligned_length
+from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingPolicy, RowLayout
-from energon_pack.encoded import EncodedSample, PackedRow, PreparedSample
+from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError, TooManyBadSamplesError
 from energon_pack.packing.algorithms import RoundSize
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner, is_count, plan_state_problems, planned_indices
-from energon_pack.skip_log import warn_skip
-from energon_pack.stage_times import timed
-from energon_pack.stats import STATS_PUBLISH_INTERVAL_S, PackingStats, publish_snapshot, worker_telemetry
-from energon_pack.thd import row_width
+from energon_pack.runtime.skip_log import warn_skip
+from energon_pack.core.stage_times import timed
+from energon_pack.runtime.stats import STATS_PUBLISH_INTERVAL_S, PackingStats, publish_snapshot, worker_telemetry
+from energon_pack.rows.thd import row_width
 
 logger = logging.getLogger(__name__)
 

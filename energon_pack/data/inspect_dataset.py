@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from energon_pack.config import PackingConfig
-from energon_pack.dataset_path import check_dataset_path
-from energon_pack.pinning import pin_only_with_accelerator
-from energon_pack.tables import format_table
+from energon_pack.core.dataset_path import check_dataset_path
+from energon_pack.runtime.pinning import pin_only_with_accelerator
+from energon_pack.core.tables import format_table
 
 
 def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None, limit: int | None = None) -> Iterator[Any]:
@@ -20,7 +20,7 @@ def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None,
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
     from tqdm import tqdm
 
-    from energon_pack.task_encoder import QwenVLPackingTaskEncoder
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 
     check_dataset_path(dataset, split=split)
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 20), processor)

@@ -12,7 +12,7 @@ from energon_pack.errors import UsageError
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from energon_pack.prepare import PrepareError, format_report, prepare_dataset
+    from energon_pack.data.prepare import PrepareError, format_report, prepare_dataset
 
     try:
         report = prepare_dataset(
@@ -33,13 +33,13 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from energon_pack.demo import run_demo
+    from energon_pack.cli.demo import run_demo
 
     return run_demo(out_dir=args.out, num_samples=args.samples, seq_length=args.seq_length, num_workers=args.workers)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from energon_pack.simulate_cli import run_simulate
+    from energon_pack.cli.simulate import run_simulate
 
     return run_simulate(args)
 
@@ -57,7 +57,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from energon_pack.inspect_dataset import run_inspect
+    from energon_pack.data.inspect_dataset import run_inspect
 
     return run_inspect(args.dataset, split=args.split, limit=args.limit)
 
@@ -229,7 +229,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"energon-pack {args.command}: error: {err}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from energon_pack.cache import cache_dir
-from energon_pack.tables import format_table
+from energon_pack.core.cache import cache_dir
+from energon_pack.core.tables import format_table
 
 
 def ensure_synthetic_dataset(out_dir: Path, num_samples: int, seed: int = 0) -> Path:
     """Generate (once) the synthetic dataset for ``(num_samples, seed)``; return its path."""
-    from energon_pack.synthetic import SyntheticSpec, make_synthetic_dataset
+    from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
     dataset = out_dir / f"synthetic-{num_samples}-{seed}"
     if not (dataset / "dataset" / ".nv-meta" / "dataset.yaml").exists():

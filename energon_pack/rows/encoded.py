@@ -18,7 +18,7 @@ from megatron.energon.edataclass import edataclass
 
 from energon_pack.errors import BadSampleError
 from energon_pack.qwen.template import VideoTiming
-from energon_pack.visual import VisualInputs
+from energon_pack.core.visual import VisualInputs
 
 
 @dataclass(frozen=True, kw_only=True)

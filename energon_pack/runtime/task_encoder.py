@@ -8,7 +8,6 @@ bin) -> ``pack_selected_samples`` (segments of one row) -> ``batch`` (the THD di
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -23,23 +22,23 @@ from megatron.energon.task_encoder.base import stateless
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers.batch_dataset import BatchDataset
 
-from energon_pack.alignment import aligned_length
+from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingConfig
-from energon_pack.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
+from energon_pack.rows.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.budget import row_budget, sample_misfit
-from energon_pack.packing.wrapper import PendingGroupPackingDataset
+from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
 from energon_pack.qwen.encode import PreparedChat, QwenChatEncoder
 from energon_pack.qwen.fit import MediaGeometry
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.pixels import PixelSlots, allocate_row_pixels, in_loader_worker
 from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec
-from energon_pack.samples import QwenVLChatSample
-from energon_pack.skip_log import warn_skip
-from energon_pack.stage_times import timed
-from energon_pack.stats import row_counts
-from energon_pack.thd import build_layout_row, collate_rows
+from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.runtime.skip_log import warn_skip
+from energon_pack.core.stage_times import timed
+from energon_pack.runtime.stats import row_counts
+from energon_pack.rows.thd import build_layout_row, collate_rows
 
 
 # Forked Energon workers must not share the tokenizer's Rust thread pool.
@@ -48,27 +47,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 class WeightedBlendWithoutRepeatError(ValueError):
     """A weighted metadataset blend was asked for as one finite epoch (``repeat=False``)."""
-
-
-def processor_fingerprint(processor: Any) -> dict[str, Any]:
-    """Identity of a processor for exact resume: class, tokenizer vocabulary and template hash."""
-    tokenizer = processor.tokenizer
-    template = getattr(processor, "chat_template", None) or ""
-    return {
-        "processor_class": type(processor).__name__,
-        "processor_path": str(getattr(tokenizer, "name_or_path", "") or ""),
-        "vocab_size": len(tokenizer),
-        "chat_template_sha": hashlib.sha256(template.encode("utf-8")).hexdigest()[:16],
-    }
-
-
-def encoder_fingerprint(encoder: QwenVLPackingTaskEncoder) -> dict[str, Any]:
-    """Identity of what turns a sample into tokens and pixels: processor, vision limits, rope."""
-    return {
-        **processor_fingerprint(encoder.processor),
-        **{f"vision.{name}": value for name, value in vars(encoder.vision).items()},
-        "rope": repr(encoder.rope_spec),
-    }
 
 
 class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):

@@ -17,7 +17,7 @@ from energon_pack.packing.simulate import MixSample
 def dataset_samples(dataset: Path) -> list[MixSample]:
     """Exact token counts, vision patches and media counts of a prepared dataset's good
     samples, via preencode (no pixels)."""
-    from energon_pack.inspect_dataset import iter_prepared
+    from energon_pack.data.inspect_dataset import iter_prepared
 
     return [
         MixSample(
@@ -64,7 +64,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(format_table(rows))
     if args.global_plan:
         from energon_pack.plan.build import lengths_plan_table
-        from energon_pack.tables import format_table as format_text_table
+        from energon_pack.core.tables import format_table as format_text_table
 
         print("global pack plan of the whole stream (energon-pack plan): rows, fill, plan time and file size")
         plans = lengths_plan_table([s.tokens for s in samples], widths=args.widths, min_fill=defaults.min_fill)

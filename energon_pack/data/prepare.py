@@ -1,6 +1,6 @@
 """``energon-pack prepare``: chat records + media files -> an Energon WebDataset.
 
-Input is JSON Lines (or one JSON list) of records in any form ``energon_pack.conversation``
+Input is JSON Lines (or one JSON list) of records in any form ``energon_pack.core.conversation``
 accepts. Each good record becomes ``<key>.json`` (typed messages) plus ``<key>.<i>.<ext>``
 media files copied byte for byte. Problems are reported per record with its line number;
 nothing is pickled.
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from energon_pack.conversation import ChatRecord, check_no_assistant_media, parse_record
+from energon_pack.core.conversation import ChatRecord, check_no_assistant_media, parse_record
 from energon_pack.errors import BadSampleError, UsageError
-from energon_pack.samples import (
+from energon_pack.core.samples import (
     CONVERSATION_PART,
     IMAGE_EXTENSIONS,
     VIDEO_EXTENSIONS,

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from energon_pack.config import RowLayout
-from energon_pack.encoded import PackedSegment
-from energon_pack.loss_reduction import loss_weight
-from energon_pack.alignment import aligned_length
+from energon_pack.rows.encoded import PackedSegment
+from energon_pack.rows.loss_reduction import loss_weight
+from energon_pack.core.alignment import aligned_length
 from energon_pack.qwen.template import IGNORE_INDEX
-from energon_pack.visual import VisualInputs
+from energon_pack.core.visual import VisualInputs
 
 __all__ = ["build_layout_row", "build_thd_row", "collate_rows", "row_width"]
 
@@ -61,7 +61,7 @@ def build_thd_row(
 
     ``loss_tokens[i]`` counts the supervised tokens (loss_mask != 0) of segment i. With
     ``loss_reduction`` "sample" or "square" the supervised tokens of segment i are weighted by
-    :func:`~energon_pack.loss_reduction.loss_weight` (``W / n_i`` or ``sqrt(W / n_i)``);
+    :func:`~energon_pack.rows.loss_reduction.loss_weight` (``W / n_i`` or ``sqrt(W / n_i)``);
     "token" leaves ``loss_mask`` as it is.
 
     Gap tokens (alignment padding and the tail) hold ``pad_token_id``, label IGNORE_INDEX,

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["LOSS_REDUCTIONS", "loss_weight"]
+from energon_pack.config import LOSS_REDUCTIONS
 
-#: Accepted values of ``PackingConfig.loss_reduction``.
-LOSS_REDUCTIONS: tuple[str, ...] = ("token", "sample", "square")
+__all__ = ["LOSS_REDUCTIONS", "loss_weight"]
 
 _EXPONENT = {"token": 0.0, "sample": 1.0, "square": 0.5}
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from energon_pack.visual import VisualInputs
+from energon_pack.core.visual import VisualInputs
 
 __all__ = ["PACKED_SEQ_FIELDS", "thd_partition_indices", "to_device_batch"]
 
@@ -125,7 +125,7 @@ def to_device_batch(
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(
             f"input_ids has shape {tuple(input_ids.shape)}: a packed row is [1, W] (micro-batch size 1); "
-            "fix: collate packed rows with energon_pack.thd.collate_rows"
+            "fix: collate packed rows with energon_pack.rows.thd.collate_rows"
         )
     tokens = {key: batch[key] for key in _TOKEN_KEYS}
     if split_for_cp:

@@ -13,12 +13,12 @@ from megatron.energon import Sample
 from megatron.energon.edataclass import edataclass
 from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
 
-from energon_pack.conversation import (
+from energon_pack.core.conversation import (
     Message,
     decode_conversation_json,
     normalize_conversation,
 )
-from energon_pack.energon_fixes import forget_read_tar_members
+from energon_pack.core.energon_fixes import forget_read_tar_members
 from energon_pack.errors import BadSampleError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -35,7 +35,7 @@ class QwenVLChatSample(Sample):
     instead of crashing.
     """
 
-    #: Typed messages (see ``energon_pack.conversation``).
+    #: Typed messages (see ``energon_pack.core.conversation``).
     conversation: list[Message]
     #: Compressed image files (JPEG/PNG/WebP bytes), in placeholder order.
     images: list[bytes]

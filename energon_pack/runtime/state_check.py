@@ -17,7 +17,7 @@ from megatron.energon.savable_loader import (
 )
 
 from energon_pack.packing.planner import is_count
-from energon_pack.packing.wrapper import PendingGroupPackingDataset, packing_state_problems
+from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, packing_state_problems
 
 _STAGE = PendingGroupPackingDataset.__name__
 

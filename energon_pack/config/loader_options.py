@@ -1,0 +1,69 @@
+"""``LoaderOptions``: how Energon reads the data (workers, repeat, shuffling, seed, prefetch, timeout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from energon_pack.config.values import NOT_FINGERPRINTED, bool_problem, fingerprint_fields, int_problem, raise_if_problems
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderOptions:
+    """How Energon reads the data.
+
+    num_workers: Energon DataLoader worker processes per rank (0 = in the main process).
+    repeat: loop over the dataset forever (training) or one finite epoch.
+    shuffle_buffer_size / max_samples_per_sequence: Energon shuffling knobs (None = Energon default).
+    seed: shuffle seed.
+    allow_inexact_resume: restore a loader state saved under a different fingerprint anyway.
+    prefetch_factor: rows each worker builds ahead of the consumer (Energon's / torch's
+        ``prefetch_factor``). Each row in flight holds its whole pixel payload, so a worker's
+        memory grows with it; 1 is enough when a row is consumed slower than a worker builds one.
+    timeout: seconds to wait for a worker's next row before raising ``RuntimeError`` (torch's
+        ``DataLoader`` timeout: a hung worker becomes an error); 0 (the default) waits forever.
+        Needs ``num_workers >= 1``.
+    """
+
+    num_workers: int = 2
+    repeat: bool = True
+    shuffle_buffer_size: int | None = None
+    max_samples_per_sequence: int | None = None
+    seed: int = 42
+    allow_inexact_resume: bool = field(default=False, metadata=NOT_FINGERPRINTED)
+    prefetch_factor: int = field(default=2, metadata=NOT_FINGERPRINTED)
+    timeout: float = field(default=0, metadata=NOT_FINGERPRINTED)
+
+    def __post_init__(self) -> None:
+        raise_if_problems(type(self).__name__, self.problems())
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Resume-relevant values."""
+        return fingerprint_fields(self)
+
+    def problems(self) -> Iterator[str | None]:
+        """One line per violated rule (None for rules that hold)."""
+        yield int_problem("num_workers", self.num_workers, minimum=0)
+        for name in ("repeat", "allow_inexact_resume"):
+            yield bool_problem(name, getattr(self, name))
+        yield int_problem("shuffle_buffer_size", self.shuffle_buffer_size, minimum=1, optional=True)
+        yield int_problem("max_samples_per_sequence", self.max_samples_per_sequence, minimum=1, optional=True)
+        yield int_problem("seed", self.seed, minimum=0)
+        yield int_problem("prefetch_factor", self.prefetch_factor, minimum=1)
+        yield _timeout_problem(self.timeout, self.num_workers)
+
+
+def _timeout_problem(timeout: Any, num_workers: Any) -> str | None:
+    """``timeout`` must be a number of seconds >= 0, and > 0 only with worker processes.
+
+    Example: ``_timeout_problem(60, 0)`` -> an error suggesting num_workers >= 1.
+    """
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+        return f"timeout={timeout!r}: must be a number of seconds >= 0 (0 waits forever); fix: set e.g. timeout: 600"
+    if timeout > 0 and num_workers == 0:
+        return (
+            f"timeout={timeout!r}: without worker processes (num_workers=0) the main process cannot time "
+            "itself out; fix: set num_workers >= 1, or timeout: 0"
+        )
+    return None

@@ -1,0 +1,124 @@
+"""``PackingPolicy``: how the packing stage chooses bins (rounds, waiting, fill, per-row vision limits, mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from energon_pack.config.values import NOT_FINGERPRINTED, choice_problem, fingerprint_fields, int_problem, raise_if_problems
+
+OVERLONG_POLICIES: tuple[str, ...] = ("skip", "error", "shrink")
+
+
+#: ``online``: per-worker bin selection into rows of W; ``in_batch``: one row of every k samples.
+PACKING_MODES: tuple[str, ...] = ("online", "in_batch")
+
+
+def micro_batch_problem(name: str, value: Any) -> str | None:
+    """Packing emits one packed row per micro-batch, so the micro-batch size must be exactly 1."""
+    if isinstance(value, int) and not isinstance(value, bool) and value == 1:
+        return None
+    return (
+        f"{name}={value!r}: packing emits one packed THD row per micro-batch, so the micro-batch "
+        f"size must be 1; fix: set {name}=1 and raise the global batch size "
+        "(gradient accumulation) instead, or set mode: in_batch to pack every k samples into one row"
+    )
+
+
+#: Samples per round when neither ``buffer_size`` nor ``buffer_tokens`` is given.
+DEFAULT_BUFFER_SIZE = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackingPolicy:
+    """How the packing stage chooses bins.
+
+    A selection round runs on the samples that arrived since the last round (plus the pending
+    groups); exactly one of two settings says when:
+
+    buffer_size: after this many new samples (default 16 when ``buffer_tokens`` is not set).
+    buffer_tokens: after the new samples hold at least this many aligned tokens (a multiple of
+        ``seq_length``, e.g. ``2 * seq_length``): one setting keeps rounds meaningful across row
+        widths and across mixes of short and long samples. Set it with ``buffer_size`` unset.
+    max_wait_rounds: most buffer rounds an under-filled bin is held back as a pending group.
+    min_fill: fill fraction in (0, 1] at which a bin is emitted without waiting.
+    max_row_vision_patches: most ViT input patches per row (sum of t*h*w over the row's image and
+        video grids, before the 2x2 merge); None = no limit.
+    max_row_media: most images + videos per row; None = no limit.
+    on_overlong: a sample that fits no row (longer than ``seq_length`` after alignment, or over a
+        per-row vision limit) is skipped (counted), raises, or is shrunk ("shrink": its images'
+        pixel budget, then its videos' frame count, lowered to the largest setting that fits;
+        skipped when even the processor's minimum does not fit, or when it has more media than
+        ``max_row_media``).
+    mode: "online" packs rows of W per worker (bin selection with pending groups); "in_batch" packs
+        every ``micro_batch_size`` consecutive samples into one variable-width row (needs
+        ``fixed_width=False``; ``seq_length`` and the vision limits cap each sample). A pack plan
+        (``get_packing_loader(plan=...)``) replaces online selection under the same budgets.
+    micro_batch_size: samples per micro-batch: 1 in mode "online" (one packed row per micro-batch);
+        k >= 2 in mode "in_batch" (one row of k samples per micro-batch).
+    max_consecutive_skips: raise ``TooManyBadSamplesError`` when one worker meets more bad samples
+        in a row than this (None, the default: skip and count bad samples without limit). Not in
+        the resume fingerprint: a run stopped by the limit resumes under a raised limit.
+    """
+
+    buffer_size: int | None = None
+    buffer_tokens: int | None = None
+    max_wait_rounds: int = 4
+    min_fill: float = 0.99
+    max_row_vision_patches: int | None = None
+    max_row_media: int | None = None
+    on_overlong: Literal["skip", "error", "shrink"] = "skip"
+    mode: Literal["online", "in_batch"] = "online"
+    micro_batch_size: int = 1
+    max_consecutive_skips: int | None = field(default=None, metadata=NOT_FINGERPRINTED)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
+            object.__setattr__(self, "min_fill", float(self.min_fill))
+        if self.buffer_size is None and self.buffer_tokens is None:
+            object.__setattr__(self, "buffer_size", DEFAULT_BUFFER_SIZE)
+        raise_if_problems(type(self).__name__, self.problems())
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Resume-relevant values (``buffer_tokens`` only when set, so that states saved before it
+        existed still resume)."""
+        values = fingerprint_fields(self)
+        if values["buffer_tokens"] is None:
+            del values["buffer_tokens"]
+        return values
+
+    def problems(self) -> Iterator[str | None]:
+        """One line per violated rule (None for rules that hold)."""
+        if self.buffer_size is not None and self.buffer_tokens is not None:
+            yield (
+                f"buffer_size={self.buffer_size!r}, buffer_tokens={self.buffer_tokens!r}: a round runs after "
+                "buffer_size new samples or after buffer_tokens new tokens, not both; fix: keep one of them "
+                "and set the other to null (None)"
+            )
+        yield int_problem("buffer_size", self.buffer_size, minimum=1, optional=True)
+        yield int_problem("buffer_tokens", self.buffer_tokens, minimum=1, optional=True)
+        yield int_problem("max_wait_rounds", self.max_wait_rounds, minimum=0)
+        if not isinstance(self.min_fill, float) or not 0.0 < self.min_fill <= 1.0:  # bools are not floats
+            yield (
+                f"min_fill={self.min_fill!r}: must be a number in (0, 1] (fraction of seq_length); "
+                "fix: set min_fill to e.g. 0.99"
+            )
+        yield int_problem("max_row_vision_patches", self.max_row_vision_patches, minimum=1, optional=True)
+        yield int_problem("max_row_media", self.max_row_media, minimum=1, optional=True)
+        yield choice_problem("on_overlong", self.on_overlong, OVERLONG_POLICIES)
+        yield choice_problem("mode", self.mode, PACKING_MODES)
+        if self.mode == "in_batch":
+            problem = int_problem("micro_batch_size", self.micro_batch_size, minimum=2)
+            yield problem and problem.replace("must be", "in mode 'in_batch' (k samples per row) must be")
+            for name in ("max_row_vision_patches", "max_row_media"):
+                if getattr(self, name) is not None:
+                    yield (
+                        f"{name}={getattr(self, name)}: mode 'in_batch' puts every micro_batch_size consecutive "
+                        f"samples in one row whatever their media, so it cannot keep a per-row limit; fix: remove "
+                        f"{name}, or use mode: online (or a pack plan) to pack within it"
+                    )
+        else:
+            yield micro_batch_problem("micro_batch_size", self.micro_batch_size)
+        yield int_problem("max_consecutive_skips", self.max_consecutive_skips, minimum=1, optional=True)

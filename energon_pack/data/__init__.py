@@ -1,0 +1,3 @@
+"""Data tools: ``prepare`` (records + media -> an Energon dataset), ``inspect_dataset`` and
+deterministic ``synthetic`` datasets.
+"""

@@ -1,0 +1,234 @@
+"""Identity for exact resume and for plans: every fingerprint, and the comparison that names the
+fields where two differ.
+
+A fingerprint is a plain JSON-able dict. The online loader stores ``resume_fingerprint`` in
+each state; a pack plan stores ``plan_fingerprint`` (dataset shards, encoder, packing budgets) and
+the plan loader's state ``plan_loader_fingerprint``; a restore or a plan that does not match is
+refused naming every differing field (``check_resume_fingerprint``, ``check_plan_fingerprint``).
+Objects are read by duck typing (a processor with ``tokenizer`` and ``chat_template``; an encoder
+with ``processor``, ``vision`` and ``rope_spec``), so this module sits just above the config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from energon_pack.config import PackingConfig
+
+__all__ = [
+    "ResumeMismatchError",
+    "check_plan_fingerprint",
+    "check_resume_fingerprint",
+    "dataset_config_fingerprint",
+    "encoder_fingerprint",
+    "fingerprint_mismatches",
+    "flat_fingerprint",
+    "packing_fingerprint",
+    "plan_fingerprint",
+    "plan_loader_fingerprint",
+    "processor_fingerprint",
+    "resume_fingerprint",
+    "split_fingerprint",
+]
+
+_LOG = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- comparison
+
+_ABSENT = object()
+
+
+class ResumeMismatchError(ValueError):
+    """A loader state was saved under a different fingerprint; ``fields`` names the differences."""
+
+    def __init__(self, message: str, fields: list[str]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+def fingerprint_mismatches(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Sorted keys whose values differ, including keys present in only one mapping.
+
+    Example: ``fingerprint_mismatches({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 0})`` -> ``["b", "c"]``.
+    """
+    keys = set(saved) | set(current)
+    return sorted(k for k in keys if saved.get(k, _ABSENT) != current.get(k, _ABSENT))
+
+
+def check_resume_fingerprint(
+    saved: Mapping[str, Any], current: Mapping[str, Any], *, allow_inexact: bool = False
+) -> None:
+    """Raise ResumeMismatchError naming every differing field (saved vs current) unless ``allow_inexact``.
+
+    With ``allow_inexact=True`` a mismatch is only logged as a warning.
+    Example: saved ``{"buffer_size": 16}``, current ``{"buffer_size": 32}`` -> error naming buffer_size.
+    """
+    fields = fingerprint_mismatches(saved, current)
+    if not fields:
+        return
+
+    def show(mapping: Mapping[str, Any], key: str) -> str:
+        return repr(mapping[key]) if key in mapping else "<absent>"
+
+    lines = [f"  - {key}: saved {show(saved, key)}, current {show(current, key)}" for key in fields]
+    body = "\n".join(lines)
+    if allow_inexact:
+        _LOG.warning("inexact resume: the loader state was saved under a different configuration:\n%s", body)
+        return
+    raise ResumeMismatchError(
+        "cannot resume exactly: the loader state was saved under a different configuration "
+        f"({', '.join(fields)} differ):\n{body}\n"
+        "fix: rebuild the loader with the saved configuration (same values as 'saved' above), "
+        "or pass allow_inexact_resume=True to accept a non-exact continuation",
+        fields,
+    )
+
+
+def check_plan_fingerprint(
+    saved: Mapping[str, Any], current: Mapping[str, Any], *, digest: str, allow_inexact: bool = False
+) -> None:
+    """Raise ResumeMismatchError naming every field where a plan (``saved``, nested as
+    ``plan_fingerprint`` returns it) was built for something else than ``current``, unless
+    ``allow_inexact`` (then only a warning).
+
+    Example: a plan for ``{"packing": {"seq_length": 8192}}`` read with ``seq_length`` 4096 ->
+    an error naming ``packing.seq_length``.
+    """
+    saved, current = flat_fingerprint(saved), flat_fingerprint(current)
+    fields = fingerprint_mismatches(saved, current)
+    if not fields:
+        return
+    detail = "\n".join(f"  - {key}: plan {saved.get(key, '<absent>')!r}, current {current.get(key, '<absent>')!r}" for key in fields)
+    if allow_inexact:
+        _LOG.warning("the pack plan was built for a different dataset or configuration:\n%s", detail)
+        return
+    raise ResumeMismatchError(
+        f"the pack plan (digest {digest[:16]}) was built for a different dataset or configuration "
+        f"({', '.join(fields)} differ):\n{detail}\n"
+        "fix: rebuild the plan with energon-pack plan for this dataset, processor and config, or pass "
+        "allow_inexact_resume=True to read it anyway",
+        fields,
+    )
+
+
+# --------------------------------------------------------------------------- what rows depend on
+
+
+def processor_fingerprint(processor: Any) -> dict[str, Any]:
+    """Identity of a processor for exact resume: class, tokenizer vocabulary and template hash.
+
+    Example: the offline default -> ``{"processor_class": "Qwen2_5_VLProcessor", "processor_path": "",
+    "vocab_size": 151669, "chat_template_sha": "8a85099125b36041"}``.
+    """
+    tokenizer = processor.tokenizer
+    template = getattr(processor, "chat_template", None) or ""
+    return {
+        "processor_class": type(processor).__name__,
+        "processor_path": str(getattr(tokenizer, "name_or_path", "") or ""),
+        "vocab_size": len(tokenizer),
+        "chat_template_sha": hashlib.sha256(template.encode("utf-8")).hexdigest()[:16],
+    }
+
+
+def encoder_fingerprint(encoder: Any) -> dict[str, Any]:
+    """Identity of what turns a sample into tokens and pixels: processor, vision limits, rope
+    (``encoder``: a ``QwenVLPackingTaskEncoder``)."""
+    return {
+        **processor_fingerprint(encoder.processor),
+        **{f"vision.{name}": value for name, value in vars(encoder.vision).items()},
+        "rope": repr(encoder.rope_spec),
+    }
+
+
+def dataset_config_fingerprint(dataset_config: Any) -> str:
+    """Identity of the data a loader reads: a hash of every shard's name and sample count.
+
+    Paths are left out, so a dataset copied elsewhere still resumes; a dataset whose shards hold
+    other sample counts (or have other names) does not.
+    Example: a config tree holding ``{"shards": [{"name": "shards/train-000000.tar", "count": 8,
+    "_path": ...}]}`` -> a 16-hex-digit hash of ``[["shards/train-000000.tar", 8]]``.
+    """
+    shards: list[list[Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if key == "shards" and isinstance(value, list):
+                    shards.extend([s.get("name"), s.get("count")] for s in value if isinstance(s, Mapping))
+                else:
+                    walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(dataset_config)
+    return hashlib.sha256(repr(shards).encode("utf-8")).hexdigest()[:16]
+
+
+def resume_fingerprint(
+    config: PackingConfig, encoder: Any, *, rank: int, world_size: int, split: str, dataset: str
+) -> dict[str, Any]:
+    """Everything exact resume of the online loader depends on, as one flat JSON-able dict
+    (``dataset``: ``dataset_config_fingerprint``)."""
+    return {
+        **config.fingerprint(),
+        **encoder_fingerprint(encoder),
+        "rank": rank,
+        "world_size": world_size,
+        "split": split,
+        "dataset": dataset,
+    }
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def split_fingerprint(factory: Any, split: str) -> dict[str, Any]:
+    """Split name and shard table ``[[name, samples, bytes], ...]`` of one prepared split
+    (``factory``: Energon's dataset factory of that split).
+
+    Example: ``{"split": "train", "shards": [["shards/data-000000.tar", 16, 1048576], ...],
+    "excluded_samples": 0}``.
+    """
+    shards = [[shard.name, int(shard.count), int(shard.path.size())] for shard in factory.shards]
+    return {"split": split, "shards": shards, "excluded_samples": len(factory.sample_excludes)}
+
+
+def packing_fingerprint(config: PackingConfig) -> dict[str, Any]:
+    """The config fields that decide which rows a plan holds (not how they are read or built)."""
+    return {
+        "seq_length": config.seq_length,
+        "pad_multiple": config.pad_multiple,
+        "max_segments": config.max_segments,
+        "min_fill": config.min_fill,
+        "on_overlong": config.on_overlong,
+        "max_row_vision_patches": config.max_row_vision_patches,
+        "max_row_media": config.max_row_media,
+    }
+
+
+def plan_fingerprint(dataset: Mapping[str, Any], encoder: Mapping[str, Any], config: PackingConfig) -> dict[str, Any]:
+    """What a plan depends on: ``{"dataset": ..., "encoder": ..., "packing": ...}``."""
+    return {"dataset": dict(dataset), "encoder": dict(encoder), "packing": packing_fingerprint(config)}
+
+
+def flat_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"dataset": {"split": "train"}}`` -> ``{"dataset.split": "train"}`` (for naming mismatches)."""
+    return {f"{part}.{name}": value for part, values in fingerprint.items() for name, value in values.items()}
+
+
+def plan_loader_fingerprint(plan_digest: str, config: PackingConfig, *, repeat: bool) -> dict[str, Any]:
+    """What a plan loader's rows depend on besides the plan: its digest, the seed of the row order,
+    and the row-building settings a plan leaves open."""
+    return {
+        "plan": plan_digest,
+        "seed": config.seed,
+        "repeat": repeat,
+        "fixed_width": config.fixed_width,
+        "width_multiple": config.width_multiple,
+        "pad_cu_seqlens": config.pad_cu_seqlens,
+        "pixel_dtype": config.pixel_dtype,
+    }

@@ -1,0 +1,27 @@
+"""Rows, a mid-epoch loader state and a pack plan are byte-identical to the recorded golden digests
+(``tests/golden_row_digests.json``, recorded before the package was regrouped into layers).
+
+A change that is meant to alter rows, states or plans records new digests with
+``python tests/row_digests.py > tests/golden_row_digests.json`` and says why in its commit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.row_digests import measure
+
+GOLDEN = Path(__file__).with_name("golden_row_digests.json")
+
+
+@pytest.mark.slow
+def test_rows_states_and_plans_equal_the_golden_digests(tmp_path):
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    measured = measure(tmp_path)
+    assert measured["online_rows"] == golden["online_rows"]
+    assert measured["state"] == golden["state"]
+    assert measured["plan"] == golden["plan"]
+    assert measured["plan_rows"] == golden["plan_rows"]

@@ -99,8 +99,9 @@ class PackingDataLoader(SavableDataLoader):
         # Workers fork on the first request. Objects alive now go to the permanent generation
         # first, so a worker's garbage collector (and Energon's gc_init_worker scan) never writes
         # to their headers: those pages stay shared with this process instead of being copied
-        # into every worker. The parent unfreezes as soon as the workers exist.
-        with frozen_gc():
+        # into every worker. The parent unfreezes as soon as the workers exist. In-process loading
+        # (num_workers=0) forks nothing, so it skips the collection.
+        with frozen_gc(enabled=self.num_workers > 0):
             first = next(batches, None)
         if first is None:
             return
@@ -273,5 +274,8 @@ def get_packing_loader(
         stats_dir=stats_dir,
         packing_stage=config.mode == "online",
         timeout=config.loader.timeout,
-        **{"prefetch_factor": config.loader.prefetch_factor, **loader_kwargs},
+        # Energon's own freeze (gc.collect + gc.freeze of this whole heap at every epoch start) only
+        # pays off for forked workers: in-process loading skips it.
+        **{"prefetch_factor": config.loader.prefetch_factor, "gc_freeze_at_start": config.loader.num_workers > 0,
+           **loader_kwargs},
     )

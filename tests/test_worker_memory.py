@@ -16,6 +16,22 @@ def test_frozen_gc_freezes_only_inside_the_block() -> None:
     with frozen_gc():
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
+    with frozen_gc(enabled=False):  # in-process loading: no collection, no freeze
+        assert gc.get_freeze_count() == 0
+
+
+def test_in_process_loader_skips_energons_heap_freeze(synthetic_dataset) -> None:
+    from energon_pack.qwen.processor import load_processor
+
+    processor = load_processor()
+    for workers in (0, 1):
+        loader = get_packing_loader(synthetic_dataset.out_dir, PackingConfig(seq_length=4096, num_workers=workers, repeat=False),
+                                    processor)
+        wrapper = loader.dataset
+        while type(wrapper).__name__ != "GcDataset":  # Energon's wrapper that freezes the heap per epoch
+            wrapper = wrapper.dataset
+        assert wrapper.freeze is (workers > 0)
+        loader.close()
 
 
 @pytest.mark.slow

@@ -21,10 +21,11 @@ import torch
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_image, probe_video
-from energon_pack.qwen.pixels import PixelSlots, image_pixels, video_pixels
+from energon_pack.qwen.pixels import ImagePatcher, PixelSlots, image_pixels, video_pixels
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
 from energon_pack.qwen.template import (
     ChatMarkers,
+    SplitTokenizer,
     TokenizedConversation,
     VideoTiming,
     placeholder_token_count,
@@ -85,7 +86,11 @@ class QwenChatEncoder:
         self.vision = VisionSpec.from_processor(processor)
         self.rope_spec = rope_spec or RopeSpec.from_processor(processor)
         self.markers = ChatMarkers.from_tokenizer(processor.tokenizer)
+        #: Text between placeholders in one tokenizer call (None: ``tokenize_conversation``).
+        self._split_tokenizer = SplitTokenizer(processor, self.markers) if SplitTokenizer.applies(processor) else None
         self.uint8_pixels = uint8_pixels
+        #: Image patches straight into the row payload (uint8 only; None: the image processor's own path).
+        self._patcher = ImagePatcher.for_processor(processor) if uint8_pixels else None
         #: Decode big JPEGs at reduced scale straight to their target size (``RowLayout.fast_jpeg_decode``).
         self.fast_jpeg = fast_jpeg
 
@@ -130,6 +135,13 @@ class QwenChatEncoder:
 
     def _tokenize(self, conversation: Sequence[dict[str, Any]], geometry: MediaGeometry) -> TokenizedConversation:
         with timed("tokenise"):
+            if self._split_tokenizer is not None:
+                return self._split_tokenizer(
+                    conversation,
+                    image_grid_thw=geometry.image_grid_thw,
+                    video_grid_thw=geometry.video_grid_thw,
+                    videos=geometry.timings,
+                )
             return tokenize_conversation(
                 self.processor,
                 conversation,
@@ -187,6 +199,7 @@ class QwenChatEncoder:
                 max_pixels=prepared.image_max_pixels,
                 fast_jpeg=self.fast_jpeg,
                 out=slots.images,
+                patcher=self._patcher,
             )
         if videos:
             pixel_values_videos = video_pixels(

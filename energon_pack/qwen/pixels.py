@@ -165,25 +165,29 @@ def allocate_row_pixels(
 def _fill(
     out: torch.Tensor | None,
     expected_grid_thw: np.ndarray,
-    parts: Sequence[Callable[[], Any]],
+    parts: Sequence[Callable[[torch.Tensor | None], Any]],
     *,
     kind: str,
     grid_key: str,
     pixel_key: str,
 ) -> torch.Tensor:
-    """Run each of ``parts`` (one processor call per image / video) and put its patches into
-    ``out`` one after the other (or concatenate them when ``out`` is None); each part's output
-    is freed before the next part runs. Checks every grid against ``expected_grid_thw``."""
+    """Run each of ``parts`` (one processor call per image / video) on its slot of ``out`` (None
+    without ``out``) and put its patches there one after the other (or concatenate them when
+    ``out`` is None); a part that wrote its patches into the slot itself returns the slot, which
+    is then not copied. Each part's output is freed before the next part runs. Checks every grid
+    against ``expected_grid_thw``."""
     chunks: list[torch.Tensor] = []
     start = 0
     for position, part in enumerate(parts):
-        processed = part()
+        rows = int(np.prod(expected_grid_thw[position]))
+        slot = out.narrow(0, start, rows) if out is not None and start + rows <= out.shape[0] else None
+        processed = part(slot)
         _check_grid(kind, processed[grid_key], expected_grid_thw[position : position + 1])
         pixels = processed[pixel_key]
         del processed
         if out is None:
             chunks.append(pixels)
-        else:
+        elif pixels is not slot:
             with timed("row assembly"):
                 out.narrow(0, start, pixels.shape[0]).copy_(pixels)
         start += pixels.shape[0]
@@ -197,6 +201,143 @@ def _fill(
     return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
+def _wide_dtype(patch_size: int) -> torch.dtype:
+    """Widest integer dtype whose byte size divides ``patch_size``. Example: 14 -> int16; 16 -> int64; 7 -> uint8."""
+    for dtype in (torch.int64, torch.int32, torch.int16):
+        if patch_size % torch.empty((), dtype=dtype).element_size() == 0:
+            return dtype
+    return torch.uint8
+
+
+def patchify_into(
+    resized: torch.Tensor, out: torch.Tensor, *, patch_size: int, merge_size: int, temporal_patch_size: int
+) -> torch.Tensor:
+    """Qwen-VL patches of one uint8 image [C, H, W] (any strides) written into ``out``
+    [H/p * W/p, C*T*p*p] (contiguous) in the Hugging Face patch order; returns ``out``.
+
+    Row r of ``out`` is merged block r // (m*m), then its position in the block; each row holds
+    C, T, p, p values, the image repeated T times. One copy: the first temporal step (through a wide
+    integer view of a contiguous image: a 14-byte patch row as 7 int16, a 16-byte one as 2 int64), then whole
+    p*p blocks duplicated for the other steps. Example: C=3, H=W=28, p=14, m=2, T=2 -> ``out`` [4, 1176].
+    """
+    c, h, w = resized.shape
+    p, m, t = patch_size, merge_size, temporal_patch_size
+    gh, gw = h // p, w // p
+    if out.shape != (gh * gw, c * t * p * p) or not out.is_contiguous():
+        raise ValueError(f"out has shape {tuple(out.shape)}; expected contiguous ({gh * gw}, {c * t * p * p})")
+    dtype, inner = _wide_dtype(p), p
+    if dtype is not torch.uint8 and resized.is_contiguous():
+        source, inner = resized.view(dtype), p // torch.empty((), dtype=dtype).element_size()
+    else:
+        source, dtype = resized, torch.uint8
+    blocks = source.reshape(c, gh // m, m, p, gw // m, m, inner).permute(1, 4, 2, 5, 0, 3, 6)
+    out.view(dtype).view(gh // m, gw // m, m, m, c, t, p, inner)[:, :, :, :, :, 0].copy_(blocks)
+    if t > 1:
+        steps = out.view(gh * gw * c, t, p * p)
+        steps[:, 1:].copy_(steps[:, :1].expand(-1, t - 1, -1))
+    return out
+
+
+#: Image processor classes whose resize + patchify :class:`ImagePatcher` reproduces (its probe decides).
+PATCHER_PROCESSORS = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast")
+
+
+class ImagePatcher:
+    """uint8 image patches written straight into a row payload slot, byte-identical to one Qwen2/2.5-VL
+    image processor (``do_rescale=False, do_normalize=False``).
+
+    The processor converts to RGB, copies the HWC array to a contiguous CHW tensor, resizes
+    (bicubic, antialiased), patchifies into a fresh tensor, which ``_fill`` then copies into the
+    payload. Here the resize reads the channels-last view (torch's uint8 kernel gives the same
+    bytes) and :func:`patchify_into` copies once, into the slot. Build it with
+    :meth:`for_processor`, which checks it against the processor on probe images.
+    Example: ``ImagePatcher.for_processor(processor)(image, out)`` -> (1, 20, 30), ``out`` [600, 1176] filled.
+    """
+
+    def __init__(self, image_processor: Any) -> None:
+        self.processor = image_processor
+        self.patch_size = int(image_processor.patch_size)
+        self.merge_size = int(image_processor.merge_size)
+        self.temporal_patch_size = int(image_processor.temporal_patch_size)
+
+    def __call__(self, image: Any, out: torch.Tensor, max_pixels: int | None = None) -> tuple[int, int, int]:
+        """Write the patches of PIL ``image`` into ``out`` and return its grid (1, H/p, W/p);
+        ``max_pixels`` overrides the processor's pixel limit (a shrunk sample)."""
+        from transformers.image_transforms import convert_to_rgb
+        from transformers.image_utils import SizeDict
+
+        from energon_pack.qwen.geometry import smart_resize
+
+        size = self.processor.size
+        height, width = smart_resize(
+            image.height, image.width, factor=self.patch_size * self.merge_size,
+            min_pixels=int(size["shortest_edge"]),
+            max_pixels=int(max_pixels if max_pixels is not None else size["longest_edge"]),
+        )
+        grid = (1, height // self.patch_size, width // self.patch_size)
+        if out.shape[0] != grid[1] * grid[2]:
+            raise BadSampleError(
+                "media_mismatch",
+                f"decoded image grid {list(grid)} has {grid[1] * grid[2]} patches but its slot holds {out.shape[0]}",
+            )
+        rgb = torch.from_numpy(convert_to_rgb(image, return_numpy=True)).permute(2, 0, 1)
+        resize = super(type(self.processor), self.processor).resize
+        resized = resize(image=rgb, size=SizeDict(height=height, width=width), resample=self.processor.resample)
+        patchify_into(
+            resized, out, patch_size=self.patch_size, merge_size=self.merge_size,
+            temporal_patch_size=self.temporal_patch_size,
+        )
+        return grid
+
+    @classmethod
+    def for_processor(cls, processor: Any) -> ImagePatcher | None:
+        """A patcher when it reproduces ``processor.image_processor`` byte for byte on the probe
+        images, else None (use the image processor itself). Probed once per image processor and
+        settings (the answer is cached on the image processor object)."""
+        image_processor = processor.image_processor
+        settings = repr((
+            type(image_processor).__name__, dict(image_processor.size), image_processor.resample,
+            image_processor.patch_size, image_processor.merge_size, image_processor.temporal_patch_size,
+            getattr(image_processor, "do_resize", True), getattr(image_processor, "do_pad", False),
+        ))
+        cached = getattr(image_processor, "_energon_pack_patcher", None)
+        if cached is None or cached[0] != settings:
+            cached = (settings, cls._probe(image_processor))
+            image_processor._energon_pack_patcher = cached
+        return cached[1]
+
+    @classmethod
+    def _probe(cls, image_processor: Any) -> ImagePatcher | None:
+        if type(image_processor).__name__ not in PATCHER_PROCESSORS:
+            return None
+        if not getattr(image_processor, "do_resize", True) or getattr(image_processor, "do_pad", False):
+            return None
+        patcher = cls(image_processor)
+        try:
+            for image in _probe_images():
+                expected = image_processor(images=[image], return_tensors="pt", **_payload_kwargs(True))
+                out = torch.empty_like(expected["pixel_values"])
+                grid = patcher(image, out)
+                if list(grid) != expected["image_grid_thw"][0].tolist() or not torch.equal(out, expected["pixel_values"]):
+                    return None
+        except Exception:  # any disagreement in the probe: the processor path stays
+            return None
+        return patcher
+
+
+def _probe_images() -> list[Any]:
+    """Six PIL images in modes RGB, RGBA, L, P and LA, sizes that resize up, down and to a thin strip."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images = []
+    for (height, width), mode in (((97, 131), "RGB"), ((700, 500), "RGBA"), ((56, 84), "L"), ((300, 412), "P"),
+                                  ((33, 1201), "LA"), ((1100, 1000), "RGB")):
+        image = Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
+        images.append(image.convert("RGB").quantize(64) if mode == "P" else image.convert(mode))
+    return images
+
+
 def image_pixels(
     processor: Any,
     images: Sequence[bytes],
@@ -206,6 +347,7 @@ def image_pixels(
     max_pixels: int | None = None,
     fast_jpeg: bool = False,
     out: torch.Tensor | None = None,
+    patcher: ImagePatcher | None = None,
 ) -> torch.Tensor:
     """``pixel_values`` [P, C*T*p*p] (float32, or uint8 with ``uint8=True``) of a sample's images;
     ``max_pixels`` overrides the processor's pixel limit per image for this call (a shrunk sample).
@@ -214,19 +356,23 @@ def image_pixels(
     same patches as one processor call on all of them. With ``out`` (a [P, C*T*p*p] slot of the
     row's payload, see :func:`allocate_row_pixels`) the patches are written there and ``out`` is
     returned. ``fast_jpeg`` decodes big JPEGs at reduced scale straight to the size the grid
-    gives (:func:`decode_image` with ``draft_size``)."""
+    gives (:func:`decode_image` with ``draft_size``). With ``patcher`` (:meth:`ImagePatcher.for_processor`),
+    ``uint8`` and ``out``, each image's patches are written straight into its slot (same bytes)."""
     patch = int(processor.image_processor.patch_size)
     kwargs = _payload_kwargs(uint8)
     if max_pixels is not None:
         kwargs["size"] = {**dict(processor.image_processor.size), "longest_edge": max_pixels}
 
-    def process(data: bytes, grid: np.ndarray) -> Callable[[], Any]:
+    def process(data: bytes, grid: np.ndarray) -> Callable[[torch.Tensor | None], Any]:
         draft_size = (int(grid[2]) * patch, int(grid[1]) * patch) if fast_jpeg else None
 
-        def run() -> Any:
+        def run(slot: torch.Tensor | None) -> Any:
             with timed("decode"):
                 image = decode_image(data, draft_size=draft_size)
             with timed("resize/patchify"):
+                if patcher is not None and uint8 and slot is not None:
+                    grid_thw = patcher(image, slot, max_pixels=max_pixels)
+                    return {"image_grid_thw": torch.tensor([grid_thw]), "pixel_values": slot}
                 return processor.image_processor(images=[image], return_tensors="pt", **kwargs)
 
         return run
@@ -250,8 +396,8 @@ def video_pixels(
     """``pixel_values_videos`` [P, C*T*p*p] of a sample's videos, frames decoded with PyAV, one
     video at a time (its frames freed once patchified); ``out`` as in :func:`image_pixels`."""
 
-    def process(data: bytes, timing: VideoTiming) -> Callable[[], Any]:
-        def run() -> Any:
+    def process(data: bytes, timing: VideoTiming) -> Callable[[torch.Tensor | None], Any]:
+        def run(slot: torch.Tensor | None) -> Any:
             with timed("decode"):
                 frames = decode_video_frames(data, timing.frame_indices, timing.total_frames)
             with timed("resize/patchify"):

@@ -12,6 +12,7 @@ placeholder is replaced by the processor's own replacement string for that grid
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,17 +71,7 @@ def expand_media_placeholders(
     """
     import torch
 
-    for kind, token, grids in (
-        ("image", processor.image_token, image_grid_thw),
-        ("video", processor.video_token, video_grid_thw),
-    ):
-        placeholders, media = text.count(token), 0 if grids is None else len(grids)
-        if placeholders != media:
-            raise BadSampleError(
-                "placeholder_mismatch",
-                f"the rendered conversation has {placeholders} {kind} placeholder(s) but the sample has "
-                f"{media} {kind}(s); put one {{'type': '{kind}'}} part per {kind}",
-            )
+    _check_placeholders(processor, text.count, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw)
     image_replacements: list[str] = []
     video_replacements: list[str] = []
     if image_grid_thw is not None and len(image_grid_thw):
@@ -94,6 +85,24 @@ def expand_media_placeholders(
         video_replacements = [processor.replace_video_token(video_inputs, video_idx=i) for i in range(len(video_grid_thw))]
     expanded, _ = processor.get_text_with_replacements([text], image_replacements, video_replacements, [])
     return expanded[0]
+
+
+def _check_placeholders(
+    processor: Any, count: Any, *, image_grid_thw: np.ndarray | None, video_grid_thw: np.ndarray | None
+) -> None:
+    """``BadSampleError("placeholder_mismatch")`` unless ``count(token)`` (placeholders of each media
+    pad token in the rendering) equals the number of grids of that kind."""
+    for kind, token, grids in (
+        ("image", processor.image_token, image_grid_thw),
+        ("video", processor.video_token, video_grid_thw),
+    ):
+        placeholders, media = count(token), 0 if grids is None else len(grids)
+        if placeholders != media:
+            raise BadSampleError(
+                "placeholder_mismatch",
+                f"the rendered conversation has {placeholders} {kind} placeholder(s) but the sample has "
+                f"{media} {kind}(s); put one {{'type': '{kind}'}} part per {kind}",
+            )
 
 
 def placeholder_token_count(
@@ -253,3 +262,110 @@ def tokenize_conversation(
     targets = assistant_target_mask(text, encoded["offset_mapping"], markers) & ~media_token_mask(input_ids, markers)
     labels, loss_mask = shifted_targets(input_ids, targets)
     return TokenizedConversation(input_ids=input_ids, labels=labels, loss_mask=loss_mask)
+
+
+class SplitTokenizer:
+    """:func:`tokenize_conversation` for one processor, tokenising only the text between media
+    placeholders: the same input_ids, labels and loss_mask, several times faster on media-heavy chats.
+
+    The rendering is split at the image / video pad tokens; the text pieces go through ONE batched
+    tokenizer call, and each placeholder's replacement goes in between as ids: ``[pad_id] * n``
+    without tokenising when the replacement is ``pad * n`` (Qwen2/2.5-VL), else its string
+    tokenised (cached). Exact because the pad tokens are special tokens, which the tokenizer
+    splits off before normalising or merging, so the text between them tokenises the same alone;
+    :meth:`applies` checks that. Replacement tokens get zero-width offsets: media tokens never
+    carry loss. Example (Qwen2.5-VL): a chat with one image of grid (1, 4, 6) -> the ids of
+    ``tokenize_conversation``, its 6 ``<|image_pad|>`` inserted without tokenising.
+    """
+
+    def __init__(self, processor: Any, markers: ChatMarkers | None = None) -> None:
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.markers = markers or ChatMarkers.from_tokenizer(self.tokenizer)
+        self.image_token, self.video_token = processor.image_token, processor.video_token
+        self.pad_ids = {token: int(self.tokenizer.convert_tokens_to_ids(token)) for token in (self.image_token, self.video_token)}
+        self._split = re.compile("(" + "|".join(map(re.escape, (self.image_token, self.video_token))) + ")")
+        #: Replacement ids by replacement string (videos) and by grid (t, h, w): an image's replacement
+        #: depends on its grid only. Plain dicts (the encoder is pickled into spawned workers), cleared when full.
+        self._cache: dict[Any, Sequence[int]] = {}
+
+    @staticmethod
+    def applies(processor: Any) -> bool:
+        """Whether splitting is exact for this processor's tokenizer: it adds no special tokens of its
+        own to a call, and both media pad tokens are special tokens. Example: Qwen2.5-VL -> True."""
+        tokenizer = processor.tokenizer
+        if tokenizer("a b")["input_ids"] != tokenizer("a b", add_special_tokens=False)["input_ids"]:
+            return False
+        special = set(getattr(tokenizer, "all_special_tokens", ())) | {
+            str(token) for token in getattr(tokenizer, "added_tokens_decoder", {}).values()
+        }
+        return processor.image_token in special and processor.video_token in special
+
+    def _cached(self, key: Any, make: Any) -> Sequence[int]:
+        if key not in self._cache:
+            if len(self._cache) >= 4096:
+                self._cache.clear()
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def _replacement_ids(self, token: str, text: str) -> Sequence[int]:
+        count, rest = divmod(len(text), len(token))
+        if not rest and text == token * count:  # Qwen2/2.5-VL: pad tokens only
+            return [self.pad_ids[token]] * count
+        return self._cached(text, lambda: tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
+
+    def _image_ids(self, grid: tuple[int, ...]) -> Sequence[int]:
+        import torch
+
+        def make() -> Sequence[int]:
+            text = self.processor.replace_image_token({"image_grid_thw": torch.tensor([grid])}, image_idx=0)
+            return self._replacement_ids(self.image_token, text)
+
+        return self._cached(grid, make)
+
+    def __call__(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        image_grid_thw: np.ndarray | None = None,
+        video_grid_thw: np.ndarray | None = None,
+        videos: Sequence[VideoTiming] = (),
+    ) -> TokenizedConversation:
+        """The :func:`tokenize_conversation` result of ``messages`` with these media grids."""
+        import torch
+
+        text = render_conversation(self.processor, messages)
+        pieces = self._split.split(text)  # text, token, text, token, ..., text
+        texts, tokens = pieces[0::2], pieces[1::2]
+        _check_placeholders(self.processor, tokens.count, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw)
+        image_grids = [] if image_grid_thw is None else [tuple(grid) for grid in np.asarray(image_grid_thw).tolist()]
+        video_inputs = None if video_grid_thw is None else {
+            "video_grid_thw": torch.as_tensor(video_grid_thw),
+            "video_metadata": [timing.metadata() for timing in videos],
+        }
+        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        ids: list[int] = []
+        spans: list[np.ndarray] = []
+        position = 0
+        media = {self.image_token: 0, self.video_token: 0}
+        for index, piece in enumerate(texts):
+            ids += encoded["input_ids"][index]
+            spans.append(np.asarray(encoded["offset_mapping"][index], dtype=np.int64).reshape(-1, 2) + position)
+            position += len(piece)
+            if index < len(tokens):
+                token = tokens[index]
+                if token == self.image_token:
+                    replacement = self._image_ids(image_grids[media[token]])
+                else:
+                    text_of = self.processor.replace_video_token(video_inputs, video_idx=media[token])
+                    replacement = self._replacement_ids(token, text_of)
+                media[token] += 1
+                ids += replacement
+                # Zero-width spans at the placeholder: media tokens are never targets anyway.
+                spans.append(np.full((len(replacement), 2), position, dtype=np.int64))
+                position += len(token)
+        input_ids = np.asarray(ids, dtype=np.int64)
+        offsets = np.concatenate(spans) if spans else np.zeros((0, 2), dtype=np.int64)
+        targets = assistant_target_mask(text, offsets, self.markers) & ~media_token_mask(input_ids, self.markers)
+        labels, loss_mask = shifted_targets(input_ids, targets)
+        return TokenizedConversation(input_ids=input_ids, labels=labels, loss_mask=loss_mask)

@@ -1,0 +1,147 @@
+"""The issue-24 fast paths give the same bytes as the paths they replace: patches written straight
+into the payload (``qwen.pixels.ImagePatcher``, ``patchify_into``) and tokenisation between
+placeholders (``qwen.template.SplitTokenizer``)."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from energon_pack.qwen.fit import media_geometry
+from energon_pack.qwen.geometry import VisionSpec
+from energon_pack.qwen.media import ImageInfo
+from energon_pack.qwen.pixels import ImagePatcher, _wide_dtype, image_pixels, patchify_into
+from energon_pack.qwen.processor import load_processor
+from energon_pack.qwen.template import ChatMarkers, SplitTokenizer, tokenize_conversation
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return load_processor()
+
+
+def test_wide_dtype_examples():
+    assert _wide_dtype(14) is torch.int16
+    assert _wide_dtype(16) is torch.int64
+    assert _wide_dtype(7) is torch.uint8
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(gh=st.integers(1, 6), gw=st.integers(1, 6), patch=st.sampled_from([14, 16]), t=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**16))
+def test_patchify_into_equals_hf_patchify(processor, gh, gw, patch, t, seed):
+    shape = (3, 2 * gh * patch, 2 * gw * patch)
+    image = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+    expected, _, _ = processor.image_processor.patchify(image[None], patch_size=patch, merge_size=2, temporal_patch_size=t)
+    for source in (image, image.permute(1, 2, 0).contiguous().permute(2, 0, 1)):  # contiguous and channels-last
+        out = torch.empty_like(expected[0])
+        patchify_into(source, out, patch_size=patch, merge_size=2, temporal_patch_size=t)
+        assert torch.equal(out, expected[0])
+
+
+def test_patchify_into_refuses_a_wrong_slot():
+    with pytest.raises(ValueError, match="expected contiguous"):
+        patchify_into(torch.zeros(3, 28, 28, dtype=torch.uint8), torch.empty(5, 1176, dtype=torch.uint8),
+                      patch_size=14, merge_size=2, temporal_patch_size=2)
+
+
+def _image(height, width, mode, seed):
+    from PIL import Image
+
+    image = Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
+    return image.convert("RGB").quantize(32) if mode == "P" else image.convert(mode)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(height=st.integers(20, 1500), width=st.integers(20, 1500), mode=st.sampled_from(["RGB", "RGBA", "L", "P", "LA"]),
+       seed=st.integers(0, 2**16))
+def test_image_patcher_equals_the_processor(processor, height, width, mode, seed):
+    if max(height, width) / min(height, width) > 200:
+        return
+    patcher = ImagePatcher.for_processor(processor)
+    assert patcher is not None and ImagePatcher.for_processor(processor) is patcher  # probed once
+    image = _image(height, width, mode, seed)
+    expected = processor.image_processor(images=[image], return_tensors="pt", do_rescale=False, do_normalize=False)
+    out = torch.empty_like(expected["pixel_values"])
+    assert list(patcher(image, out)) == expected["image_grid_thw"][0].tolist()
+    assert torch.equal(out, expected["pixel_values"])
+
+
+def test_image_pixels_with_the_patcher_equals_the_processor_path(processor):
+    import io
+
+    datas = []
+    for height, width in ((300, 200), (64, 900)):
+        buffer = io.BytesIO()
+        _image(height, width, "RGB", height).save(buffer, format="PNG")
+        datas.append(buffer.getvalue())
+    grids = np.array([
+        processor.image_processor(images=[_image(h, w, "RGB", h)], return_tensors="pt")["image_grid_thw"][0].numpy()
+        for h, w in ((300, 200), (64, 900))
+    ])
+    rows = int(grids.prod(axis=1).sum())
+    outs = [torch.empty((rows, 1176), dtype=torch.uint8) for _ in range(2)]
+    image_pixels(processor, datas, grids, uint8=True, out=outs[0])
+    image_pixels(processor, datas, grids, uint8=True, out=outs[1], patcher=ImagePatcher.for_processor(processor))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_image_patcher_refuses_other_processors(processor):
+    class OtherImageProcessor:
+        size = {"shortest_edge": 1, "longest_edge": 2}
+        resample = patch_size = merge_size = temporal_patch_size = 2
+
+    class Other:
+        image_processor = OtherImageProcessor()
+
+    assert ImagePatcher.for_processor(Other()) is None
+
+
+_TEXT = st.lists(st.sampled_from(list("ab \n\t.,!é中") + ["<|im_end|>", "<|vision_start|>", "  ", "\n\n", "hello"]),
+                 max_size=20).map("".join)
+
+
+@st.composite
+def chats(draw):
+    images = draw(st.integers(0, 3))
+    sizes = [(draw(st.integers(28, 900)), draw(st.integers(28, 900))) for _ in range(images)]
+    messages = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": [{"type": "text", "text": draw(_TEXT)}]})
+    placed = 0
+    for turn in range(draw(st.integers(1, 3))):
+        here = images - placed if turn == 0 else 0
+        placed += here
+        messages.append({"role": "user", "content": [{"type": "image"}] * here + [{"type": "text", "text": draw(_TEXT)}]})
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": draw(_TEXT)}]})
+    return messages, sizes
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chat=chats())
+def test_split_tokenizer_equals_tokenize_conversation(processor, chat):
+    messages, sizes = chat
+    assert SplitTokenizer.applies(processor)
+    markers = ChatMarkers.from_tokenizer(processor.tokenizer)
+    infos = [ImageInfo(width=w, height=h, format="PNG", mode="RGB") for h, w in sizes]
+    geometry = media_geometry(infos, [], VisionSpec.from_processor(processor))
+    kwargs = dict(image_grid_thw=geometry.image_grid_thw, video_grid_thw=None, videos=())
+    expected = tokenize_conversation(processor, messages, markers=markers, **kwargs)
+    got = SplitTokenizer(processor, markers)(messages, **kwargs)
+    assert np.array_equal(got.input_ids, expected.input_ids)
+    assert np.array_equal(got.labels, expected.labels)
+    assert np.array_equal(got.loss_mask, expected.loss_mask)
+
+
+def test_split_tokenizer_checks_placeholders_and_pickles(processor):
+    from energon_pack.errors import BadSampleError
+
+    split = SplitTokenizer(processor)
+    with pytest.raises(BadSampleError, match="1 image placeholder"):
+        split([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}])
+    assert pickle.loads(pickle.dumps(split)).pad_ids == split.pad_ids

@@ -80,7 +80,36 @@ def test_loader_bench_prints_ours_and_eager_on_a_prepared_dataset(synthetic_data
     ours = next(line for line in lines if line.strip().startswith("ours uint8 B8"))
     eager = next(line for line in lines if line.strip().startswith("eager float32 B8"))
     assert "where worker time goes" in "\n".join(lines)
+    # ours against the decode+resize floor of the samples it emitted, in wall and CPU seconds
+    header = next(i for i, line in enumerate(lines) if line.startswith("efficiency: decode+resize floor"))
+    assert lines[header + 1].split()[-1] == "cpu" and "efficiency" in lines[header + 1]
+    values = lines[header + 3].split()[3:]
+    assert lines[header + 3].strip().startswith("ours uint8 B8") and all(float(v) > 0 for v in values)
     # samples/s, USS and fill are positive numbers on both sides.
     for line in (ours, eager):
         values = line.split()[3:]
         assert float(values[0]) > 0 and float(values[3]) > 0
+
+
+def test_efficiency_is_the_best_floor_over_the_best_active_seconds() -> None:
+    from energon_pack.tools.bench_loader import RunFigures, efficiency_rows
+    from energon_pack.tools.floor import FloorSeconds
+
+    ours, eager = (LoaderSetting(side=side, pixel_dtype="uint8", buffer_size=4) for side in ("ours", "eager"))
+    runs = {
+        ours: [RunFigures(worker_seconds={"wall": 2.0, "cpu": 1.5}), RunFigures(worker_seconds={"wall": 1.25, "cpu": 1.6})],
+        eager: [RunFigures()],
+    }
+    floors = [FloorSeconds(wall=1.5, cpu=1.2), FloorSeconds(wall=1.0, cpu=1.3)]
+    (row,) = efficiency_rows(runs, floors)
+    assert row["setting"] == "ours uint8 B4" and row["efficiency wall"] == 1.0 / 1.25 and row["efficiency cpu"] == 1.2 / 1.5
+
+
+def test_floor_plans_only_the_emitted_samples(synthetic_dataset, processor) -> None:
+    from energon_pack.tools.floor import floor_media, run_floor
+
+    everything = floor_media(synthetic_dataset.out_dir, [f"sample{i:05d}" for i in range(1000)], processor)
+    none = floor_media(synthetic_dataset.out_dir, [], processor)
+    assert not none.images and not none.videos and run_floor(none).wall < 0.01
+    assert everything.images and all(w % 28 == 0 and h % 28 == 0 for _, (w, h) in everything.images)
+    assert all(last == max(kept) for _, last, kept, _ in everything.videos)

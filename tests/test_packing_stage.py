@@ -108,7 +108,7 @@ def make_stage(
 
 
 #: Telemetry that measures the process (memory, seconds per stage), not packing state.
-MEASUREMENTS = ("peak_rss_bytes", "stage_seconds")
+MEASUREMENTS = ("peak_rss_bytes", "stage_seconds", "worker_seconds")
 
 
 def take(stage: PendingGroupPackingDataset, count: int | None = None) -> tuple[list[tuple[list[str], dict]], Any]:

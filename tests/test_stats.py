@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 
 import pytest
 
@@ -135,3 +136,38 @@ def test_stage_times_accumulate_per_stage_and_reach_the_telemetry():
             sum(range(1000))
     assert stage_seconds()["test stage"] > before
     assert worker_telemetry([], pending_samples=0)["stage_seconds"]["test stage"] == stage_seconds()["test stage"]
+
+
+def test_stage_times_add_up_to_the_active_time_and_start_afresh():
+    from energon_pack.core import stage_times
+
+    stage_times.start_epoch()
+    with stage_times.timed("decode"):
+        time.sleep(0.02)
+    with stage_times.suspended():  # the consumer's time: in no stage
+        time.sleep(0.05)
+    seconds, active = stage_times.stage_seconds(), stage_times.worker_seconds()
+    assert seconds["decode"] >= 0.02 and active["wall"] < 0.05
+    assert abs(sum(seconds.values()) - active["wall"]) < 1e-3
+    stage_times.start_epoch()
+    assert set(stage_times.stage_seconds()) == {"other"} and stage_times.stage_seconds()["other"] < 0.01
+
+
+@pytest.mark.slow
+def test_stage_seconds_of_an_in_process_epoch_add_up_to_its_wall_time_less_the_consumer(synthetic_dataset, processor):
+    from energon_pack.config import PackingConfig
+    from energon_pack.core.stage_times import stage_seconds
+    from energon_pack.loader import get_packing_loader
+
+    loader = get_packing_loader(synthetic_dataset.out_dir, PackingConfig(seq_length=4096, num_workers=0, repeat=False),
+                                processor)
+    consumer = 0.0
+    start = time.perf_counter()
+    for _ in loader:
+        before = time.perf_counter()
+        time.sleep(0.01)
+        consumer += time.perf_counter() - before
+    wall = time.perf_counter() - start - consumer
+    total = sum(stage_seconds().values())
+    assert 0.95 * wall <= total <= wall, (total, wall, consumer)
+    loader.close()

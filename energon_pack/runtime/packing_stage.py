@@ -50,6 +50,7 @@ from energon_pack.packing.algorithms import RoundSize
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner, is_count, plan_state_problems, planned_indices
 from energon_pack.runtime.skip_log import warn_skip
+from energon_pack.core import stage_times
 from energon_pack.core.stage_times import timed
 from energon_pack.runtime.stats import STATS_PUBLISH_INTERVAL_S, PackingStats, publish_snapshot, worker_telemetry
 from energon_pack.rows.thd import row_width
@@ -220,11 +221,14 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
 
     def __iter__(self) -> Iterator[PackedRow]:
         self._samples.worker_start()
+        stage_times.start_epoch()
         restored, self._restored = self._restored, False
         self._stats.worker_id = self.worker_config.rank_worker_id()
         self._publish_stats(force=True)
         try:
-            yield from self._stream(restored)
+            for row in self._stream(restored):
+                with stage_times.suspended():  # the consumer's time (in-process: the trainer's step)
+                    yield row
         finally:
             self._publish_stats(force=True)
 

@@ -205,12 +205,13 @@ def peak_rss_bytes(pid: int | None = None) -> int:
 
 def worker_telemetry(buffered_bytes: Iterable[int], *, pending_samples: int) -> dict[str, int]:
     """Measurements attached to a row (not part of the saved state): peak RSS, buffer contents and
-    this process's seconds per pipeline stage (``energon_pack.core.stage_times``).
+    this process's seconds per pipeline stage and its active wall / CPU seconds
+    (``energon_pack.core.stage_times``).
 
     Example: buffers holding samples of 100 and 300 bytes, one of them pending ->
     ``{"peak_rss_bytes": ..., "buffered_samples": 2, "buffered_bytes": 400, "pending_samples": 1}``.
     """
-    from energon_pack.core.stage_times import stage_seconds
+    from energon_pack.core.stage_times import stage_seconds, worker_seconds
 
     sizes = list(buffered_bytes)
     return {
@@ -219,6 +220,7 @@ def worker_telemetry(buffered_bytes: Iterable[int], *, pending_samples: int) -> 
         "buffered_bytes": sum(sizes),
         "pending_samples": pending_samples,
         "stage_seconds": stage_seconds(),
+        "worker_seconds": worker_seconds(),
     }
 
 

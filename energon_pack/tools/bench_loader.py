@@ -11,6 +11,12 @@ Per setting: samples/s (median and min-max over the runs), worker peak USS (priv
 ``psutil memory_full_info().uss``, sampled every 50 ms in every worker process) and RSS, peak
 buffered bytes per worker, pixel bytes per row, rows in flight per worker (being built +
 ``prefetch_factor`` queued), fill, and where the workers' time went (``energon_pack.core.stage_times``).
+
+Efficiency of our settings: the decode-and-resize floor of the samples the loader emitted
+(``energon_pack.tools.floor``, one pass in this process after every round of runs) divided by
+the workers' active seconds (summed over workers, time waiting for the consumer excluded), in
+wall and in CPU seconds; best of the runs on both sides. 1.0 means the loader costs what
+decoding and resizing alone cost.
 """
 
 from __future__ import annotations
@@ -242,6 +248,10 @@ class RunFigures:
     peak_buffered: int = 0
     #: Seconds per stage, summed over workers (each worker's last reported totals).
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    #: Active wall and CPU seconds of the workers, summed (``stage_times.worker_seconds``).
+    worker_seconds: dict[str, float] = field(default_factory=dict)
+    #: Keys of the samples the rows carried.
+    keys: set[str] = field(default_factory=set)
 
 
 def row_pixel_bytes(row: dict[str, Any]) -> int:
@@ -258,31 +268,43 @@ def row_pixel_bytes(row: dict[str, Any]) -> int:
     return sum(t.nbytes for t in tensors if t is not None)
 
 
-def measure_run(make_loader: Callable[[], Any], desc: str) -> RunFigures:
-    """Iterate a fresh loader to the end of its epoch while sampling its workers' memory."""
+def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: bool = True) -> RunFigures:
+    """Iterate a fresh loader to the end of its epoch while sampling its workers' memory (unless
+    ``sample_memory`` is False: in-process loading has no workers, and the sampler's scans of the
+    process table would run on the loader's own cores and in its CPU seconds)."""
     from tqdm import tqdm
+
+    from energon_pack.core import stage_times
+
+    stage_times.reset()  # in-process loading (--workers 0): this run's seconds only
 
     figures = RunFigures()
     sampler = WorkerMemorySampler()
-    sampler.start()
+    if sample_memory:
+        sampler.start()
     last_stats: dict[int, dict[str, float]] = {}
+    last_active: dict[int, dict[str, float]] = {}
     start = time.perf_counter()
     try:
         for row in tqdm(make_loader(), desc=desc, unit="row", leave=False):
             figures.rows += 1
             figures.samples += len(row["__keys__"])
+            figures.keys.update(row["__keys__"])
             figures.real_tokens += int(row["cu_seqlens_q"][-1])
             figures.pixel_bytes += row_pixel_bytes(row)
             telemetry = row["__stats__"]
             figures.peak_buffered = max(figures.peak_buffered, telemetry.get("buffered_bytes", 0))
             last_stats[telemetry.get("worker_id", 0)] = telemetry.get("stage_seconds", {})
+            last_active[telemetry.get("worker_id", 0)] = telemetry.get("worker_seconds", {})
     finally:
         figures.seconds = time.perf_counter() - start
-        sampler.stop()
+        if sample_memory:
+            sampler.stop()
     figures.peak_uss, figures.peak_rss = sampler.peak_uss, sampler.peak_rss
-    for seconds in last_stats.values():
-        for stage, value in seconds.items():
-            figures.stage_seconds[stage] = figures.stage_seconds.get(stage, 0.0) + value
+    for totals, summed in ((last_stats, figures.stage_seconds), (last_active, figures.worker_seconds)):
+        for seconds in totals.values():
+            for name, value in seconds.items():
+                summed[name] = summed.get(name, 0.0) + value
     return figures
 
 
@@ -326,15 +348,24 @@ def _spread(values: Sequence[float]) -> str:
 
 def loader_bench_tables(options: LoaderBenchOptions, dataset: Path) -> list[tuple[str, list[dict[str, Any]], list[str]]]:
     """Run every setting ``options.epochs`` times, interleaved; returns (title, rows, columns) tables:
-    the side-by-side figures and the split of worker time by stage."""
+    the side-by-side figures, the split of worker time by stage and ours' efficiency against the floor.
+    With ``workers=0`` the runs use one torch thread (as a loader worker and the floor do)."""
     from energon_pack.qwen.processor import load_processor
 
     processor = load_processor()
     settings = settings_of(options)
     runs: dict[LoaderSetting, list[RunFigures]] = {setting: [] for setting in settings}
-    for epoch, setting in interleaved(settings, options.epochs):
-        factory = _loader_factory(setting, dataset, processor, options)
-        runs[setting].append(measure_run(factory, f"{setting.label}, run {epoch + 1}/{options.epochs}"))
+    passes: list[tuple[Any, Any]] = []
+    threads = torch.get_num_threads()
+    if options.workers == 0:
+        # One loader process, as a DataLoader worker runs it (torch sets 1 thread there) and as the
+        # floor runs: several torch threads only contend for the cores (2-3x slower resizes on 2 cores).
+        torch.set_num_threads(1)
+    try:
+        _run_interleaved(options, dataset, processor, runs, passes)
+    finally:
+        torch.set_num_threads(threads)
+    media = passes[0][0] if passes else None
 
     def rate(setting: LoaderSetting) -> float:
         return statistics.median(run.samples / run.seconds for run in runs[setting])
@@ -355,7 +386,8 @@ def loader_bench_tables(options: LoaderBenchOptions, dataset: Path) -> list[tupl
             "samples/s min-max": _spread([run.samples / run.seconds for run in runs[setting]]),
             "vs eager same B": rate(setting) / rate(eager),
             "worker peak USS MiB": peak(setting, "peak_uss") / mib,
-            "USS vs eager B{}".format(smallest_eager.buffer_size): peak(setting, "peak_uss") / peak(smallest_eager, "peak_uss"),
+            # No worker processes (--workers 0): no worker memory to compare.
+            "USS vs eager B{}".format(smallest_eager.buffer_size): peak(setting, "peak_uss") / (peak(smallest_eager, "peak_uss") or 1),
             "worker peak RSS MiB": peak(setting, "peak_rss") / mib,
             "peak buffered MiB/worker": peak(setting, "peak_buffered") / mib,
             "pixel MiB/row": first.pixel_bytes / first.rows / mib if first.rows else 0.0,
@@ -373,7 +405,53 @@ def loader_bench_tables(options: LoaderBenchOptions, dataset: Path) -> list[tupl
         "encode_sample + FFD per buffer)"
     )
     stage_title = "where worker time goes (median seconds over runs, summed over workers; % of the total)"
-    return [(title, figures, list(figures[0])), (stage_title, stages, list(stages[0]))]
+    tables = [(title, figures, list(figures[0])), (stage_title, stages, list(stages[0]))]
+    efficiency = efficiency_rows(runs, [seconds for _, seconds in passes])
+    if efficiency:
+        assert media is not None
+        efficiency_title = (
+            f"efficiency: decode+resize floor of the {len(media.images)} images and {len(media.videos)} videos "
+            "emitted (PIL bicubic, one process) / workers' active seconds; best of the runs (floor: PIL's resize "
+            "is slower than torch's on AVX2/AVX512 CPUs, so the floor is not a strict lower bound)"
+        )
+        tables.append((efficiency_title, efficiency, list(efficiency[0])))
+    return tables
+
+
+def _run_interleaved(
+    options: LoaderBenchOptions, dataset: Path, processor: Any, runs: dict[LoaderSetting, list[RunFigures]],
+    floors: list[tuple[Any, Any]],
+) -> None:
+    """Every setting ``options.epochs`` times (``interleaved``) into ``runs``; after each round of runs,
+    one floor pass over the samples ours emitted, appended to ``floors`` as (media, seconds)."""
+    from energon_pack.tools.floor import floor_media, run_floor
+
+    media = None
+    for epoch, setting in interleaved(list(runs), options.epochs):
+        factory = _loader_factory(setting, dataset, processor, options)
+        desc = f"{setting.label}, run {epoch + 1}/{options.epochs}"
+        runs[setting].append(measure_run(factory, desc, sample_memory=options.workers > 0))
+        if all(len(done) == epoch + 1 for done in runs.values()):  # a round of runs is over: one floor pass
+            if media is None:
+                emitted = set().union(*(run.keys for s, done in runs.items() if s.side == "ours" for run in done))
+                media = floor_media(dataset, emitted, processor)
+            floors.append((media, run_floor(media)))
+
+
+def efficiency_rows(runs: dict[LoaderSetting, list[RunFigures]], floors: Sequence[Any]) -> list[dict[str, Any]]:
+    """One row per setting of ours: best floor and best worker active seconds, wall and CPU, and
+    their ratios (floor / loader). Example: floor 1.0 s, workers 1.25 s -> efficiency 0.8."""
+    out = []
+    for setting, done in runs.items():
+        active = [run.worker_seconds for run in done if run.worker_seconds]
+        if setting.side != "ours" or not active or not floors:
+            continue
+        row: dict[str, Any] = {"setting": setting.label}
+        for clock in ("wall", "cpu"):
+            floor, loader = min(getattr(f, clock) for f in floors), min(a[clock] for a in active)
+            row |= {f"floor {clock} s": floor, f"workers {clock} s": loader, f"efficiency {clock}": floor / loader}
+        out.append(row)
+    return out
 
 
 def bench_loader(num_samples: int, work_dir: Path, options: LoaderBenchOptions | None = None) -> list[tuple[str, BenchRows, list[str]]]:

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from energon_pack.config import PackingConfig
+from energon_pack.config import DEFAULT_ROUND_ROWS, OLD_DEFAULT_BUFFER_SIZE, PackingConfig
 
 __all__ = [
     "ResumeMismatchError",
@@ -74,7 +74,7 @@ def check_resume_fingerprint(
         return repr(mapping[key]) if key in mapping else "<absent>"
 
     lines = [f"  - {key}: saved {show(saved, key)}, current {show(current, key)}" for key in fields]
-    body = "\n".join(lines)
+    body = "\n".join(lines) + old_default_round_hint(saved, current)
     if allow_inexact:
         _LOG.warning("inexact resume: the loader state was saved under a different configuration:\n%s", body)
         return
@@ -84,6 +84,27 @@ def check_resume_fingerprint(
         "fix: rebuild the loader with the saved configuration (same values as 'saved' above), "
         "or pass allow_inexact_resume=True to accept a non-exact continuation",
         fields,
+    )
+
+
+def old_default_round_hint(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    """A line for a state saved under the old default round (16 samples) read under the new one
+    (``DEFAULT_ROUND_ROWS * seq_length`` tokens), else "".
+
+    Example: saved ``{"buffer_size": 16}``, current ``{"buffer_size": None, "buffer_tokens": 16384}`` ->
+    "\n  the default round changed ... set buffer_size: 16 ...".
+    """
+    if not (
+        saved.get("buffer_size") == OLD_DEFAULT_BUFFER_SIZE
+        and "buffer_tokens" not in saved
+        and current.get("buffer_size") is None
+        and current.get("buffer_tokens") is not None
+    ):
+        return ""
+    return (
+        f"\n  the default round changed from buffer_size={OLD_DEFAULT_BUFFER_SIZE} samples to buffer_tokens = "
+        f"{DEFAULT_ROUND_ROWS} * seq_length tokens (full rows at every width); this state may be an old default "
+        f"state: to resume it exactly, set buffer_size: {OLD_DEFAULT_BUFFER_SIZE} in the config"
     )
 
 

@@ -134,7 +134,7 @@ def test_all_violations_are_listed_together() -> None:
 def test_defaults_and_edge_values_are_accepted() -> None:
     config = PackingConfig(seq_length=8192)
     assert config.pad_multiple == 1
-    assert config.buffer_size == 16 and config.max_wait_rounds == 4 and config.min_fill == 0.99
+    assert config.buffer_size is None and config.max_wait_rounds == 4 and config.min_fill == 0.99
     assert PackingConfig(seq_length=8192, max_wait_rounds=0, num_workers=0).max_wait_rounds == 0
     assert PackingConfig(seq_length=8192, global_batch_size=4, topology=ParallelTopology(dp=4)).global_batch_size == 4
     assert ParallelTopology(sp=True).pad_multiple == 1  # sp with tp == 1: no effect
@@ -322,7 +322,7 @@ FINGERPRINT_KEYS = {
 def test_fingerprint_is_plain_and_complete() -> None:
     config = PackingConfig(seq_length=8192, topology=TP4_SP, shuffle_buffer_size=100)
     fingerprint = config.fingerprint()
-    assert set(fingerprint) == FINGERPRINT_KEYS
+    assert set(fingerprint) == FINGERPRINT_KEYS | {"buffer_tokens"}  # the default round, resolved
     assert json.loads(json.dumps(fingerprint)) == fingerprint
     assert fingerprint["pad_multiple"] == 4 and fingerprint["shuffle_buffer_size"] == 100
 
@@ -489,10 +489,10 @@ def test_a_part_validates_on_its_own() -> None:
 
 
 def test_fingerprint_is_derived_from_the_parts() -> None:
-    config = PackingConfig(seq_length=8192, topology=TP4_SP)
+    config = PackingConfig(seq_length=8192, topology=TP4_SP, buffer_size=16)
     assert config.fingerprint() == {**config.row.fingerprint(), **config.policy.fingerprint(),
                                     **config.loader.fingerprint()}
-    # buffer_tokens enters only when set (states saved before it existed still resume).
+    # buffer_tokens enters only when set or by the default round (states saved before it existed still resume).
     # buffer_tokens and fast_jpeg_decode enter only when set (see test_optional_knobs_enter_the_fingerprint_when_set).
     unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens",
                        "fast_jpeg_decode", "max_consecutive_skips", "timeout"}
@@ -503,10 +503,36 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
 # --------------------------------------------------------------------------- buffer in tokens, prefetch, payload
 
 
-def test_buffer_defaults_to_16_samples_and_uint8_payload() -> None:
+def test_round_defaults_to_two_rows_of_tokens_and_uint8_payload() -> None:
     config = PackingConfig(seq_length=8192)
-    assert (config.buffer_size, config.buffer_tokens, config.pixel_dtype, config.prefetch_factor) == (16, None, "uint8", 2)
-    assert "buffer_tokens" not in config.fingerprint() and config.fingerprint()["buffer_size"] == 16
+    assert (config.buffer_size, config.buffer_tokens, config.pixel_dtype, config.prefetch_factor) == (None, None, "uint8", 2)
+    # The fingerprint holds the resolved round: 2 * seq_length tokens, at this width.
+    assert config.policy.resolved_round(8192) == {"buffer_size": None, "buffer_tokens": 16384}
+    assert (config.fingerprint()["buffer_size"], config.fingerprint()["buffer_tokens"]) == (None, 16384)
+    assert PackingConfig(seq_length=16384).fingerprint()["buffer_tokens"] == 32768
+    # The default survives a YAML round trip unresolved (a new width gets its own default round).
+    assert PackingConfig.from_dict(config.to_dict()).policy == config.policy
+    # An explicit buffer_size fingerprints as before the default changed.
+    explicit = PackingConfig(seq_length=8192, buffer_size=16).fingerprint()
+    assert explicit["buffer_size"] == 16 and "buffer_tokens" not in explicit
+
+
+def test_an_old_default_state_is_refused_naming_the_fix_and_resumes_with_buffer_size_16() -> None:
+    old_default = {**PackingConfig(seq_length=8192, buffer_size=16).fingerprint(), "world_size": 1}
+    with pytest.raises(ResumeMismatchError) as info:
+        check_resume_fingerprint(old_default, {**PackingConfig(seq_length=8192).fingerprint(), "world_size": 1})
+    assert info.value.fields == ["buffer_size", "buffer_tokens"]
+    assert "default round changed from buffer_size=16" in str(info.value)
+    assert "to resume it exactly, set buffer_size: 16" in str(info.value)
+    check_resume_fingerprint(old_default, {**PackingConfig(seq_length=8192, buffer_size=16).fingerprint(), "world_size": 1})
+
+
+def test_a_default_state_does_not_resume_at_another_width() -> None:
+    saved = PackingConfig(seq_length=8192).fingerprint()
+    with pytest.raises(ResumeMismatchError) as info:
+        check_resume_fingerprint(saved, PackingConfig(seq_length=16384).fingerprint())
+    assert set(info.value.fields) == {"seq_length", "buffer_tokens"}
+    assert "default round changed" not in str(info.value)
 
 
 def test_buffer_tokens_replaces_buffer_size() -> None:
@@ -555,7 +581,7 @@ def test_every_equally_close_key_is_suggested(tmp_path: Path) -> None:
 
 
 def test_optional_knobs_enter_the_fingerprint_when_set() -> None:
-    plain = PackingConfig(seq_length=8192).fingerprint()
+    plain = PackingConfig(seq_length=8192, buffer_size=16).fingerprint()
     assert "fast_jpeg_decode" not in plain and "buffer_tokens" not in plain
     assert PackingConfig(seq_length=8192, fast_jpeg_decode=True).fingerprint()["fast_jpeg_decode"] is True
     with pytest.raises(ValueError, match="fast_jpeg_decode='yes': must be a boolean"):

@@ -248,3 +248,22 @@ def test_round_needs_exactly_one_buffer_unit() -> None:
     for kwargs in ({}, {"buffer_size": 4, "buffer_tokens": 8192}):
         with pytest.raises(ValueError, match="set exactly one"):
             list(iter_rounds([5], RowBudget(tokens=10), round_size=RoundSize(samples=kwargs.get("buffer_size"), tokens=kwargs.get("buffer_tokens")), min_fill=0.9, max_wait_rounds=1))
+
+
+@pytest.mark.parametrize("width", [16384, 32768])
+def test_the_default_round_packs_the_text_mix_within_one_percent_of_the_lower_bound(width: int) -> None:
+    """Only seq_length set: rows within 1 % + 1 of ceil(kept tokens / W) (16 samples per round, the
+    old default, gave 73 rows against a bound of 71 at 32768)."""
+    import math
+
+    from energon_pack.config import PackingConfig
+
+    config = PackingConfig(seq_length=width)
+    lengths = reference_length_mix(1600, seed=0)
+    result = simulate_stream(
+        lengths, seq_length=width, **config.policy.resolved_round(width),
+        min_fill=config.min_fill, max_wait_rounds=config.max_wait_rounds,
+    )
+    bound = math.ceil(sum(length for length in lengths if length <= width) / width)
+    assert result.skipped == sum(length > width for length in lengths)
+    assert result.rows <= bound + 1 + 0.01 * bound, (result.rows, bound)

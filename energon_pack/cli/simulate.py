@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from energon_pack.config import PackingPolicy
+from energon_pack.config import DEFAULT_ROUND_ROWS, PackingPolicy
 from energon_pack.packing.simulate import MixSample
 
 
@@ -59,7 +59,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         vision_budgets=budgets,
     )
     print(f"lengths: {source}; min_fill={defaults.min_fill}, max_wait_rounds={defaults.max_wait_rounds}")
-    print("buffer: new samples per round (buffer_size), or kW: a round once the new samples hold k * W tokens (buffer_tokens)")
+    print("buffer: new samples per round (buffer_size), or kW: a round once the new samples hold k * W tokens "
+          f"(buffer_tokens); the default round (neither set) is {DEFAULT_ROUND_ROWS}W")
     print("vision figures: ViT input patches per row (t*h*w before the 2x2 merge); skipped: fits no row")
     print(format_table(rows))
     if args.global_plan:

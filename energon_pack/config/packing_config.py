@@ -160,10 +160,16 @@ class PackingConfig:
         """The values exact resume depends on, as plain JSON-able values: those of the row layout,
         the packing policy and the loader options (not the declared trainer settings).
 
-        The loader extends this dict (world size, processor identity, pixel limits, ...)
-        before storing it in the loader state; ``check_resume_fingerprint`` compares two.
+        The round rule enters resolved: the default round as ``buffer_tokens`` = 2 * seq_length
+        (``buffer_size`` None), an explicit ``buffer_size`` as itself (states of explicit configs
+        saved before the default changed still resume). The loader extends this dict (world size,
+        processor identity, pixel limits, ...) before storing it in the loader state;
+        ``check_resume_fingerprint`` compares two.
         """
-        return {**self.row.fingerprint(), **self.policy.fingerprint(), **self.loader.fingerprint()}
+        policy = self.policy.fingerprint()
+        if self.policy.buffer_size is None and self.policy.buffer_tokens is None:
+            policy |= self.policy.resolved_round(self.row.seq_length)
+        return {**self.row.fingerprint(), **policy, **self.loader.fingerprint()}
 
 
 def _part_field(part: str, name: str) -> property:

@@ -27,8 +27,13 @@ def micro_batch_problem(name: str, value: Any) -> str | None:
     )
 
 
-#: Samples per round when neither ``buffer_size`` nor ``buffer_tokens`` is given.
-DEFAULT_BUFFER_SIZE = 16
+#: Rows of tokens per round when neither ``buffer_size`` nor ``buffer_tokens`` is given: a round runs
+#: once the new samples hold ``DEFAULT_ROUND_ROWS * seq_length`` aligned tokens (>= 99 % fill at every
+#: width from 4096 to 32768 on the reference mix; 16 samples, the default before, fell to 96.5 % at 32768).
+DEFAULT_ROUND_ROWS = 2
+
+#: What states saved before the default round changed hold: 16 samples per round.
+OLD_DEFAULT_BUFFER_SIZE = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,10 +43,12 @@ class PackingPolicy:
     A selection round runs on the samples that arrived since the last round (plus the pending
     groups); exactly one of two settings says when:
 
-    buffer_size: after this many new samples (default 16 when ``buffer_tokens`` is not set).
+    buffer_size: after this many new samples.
     buffer_tokens: after the new samples hold at least this many aligned tokens (a multiple of
         ``seq_length``, e.g. ``2 * seq_length``): one setting keeps rounds meaningful across row
         widths and across mixes of short and long samples. Set it with ``buffer_size`` unset.
+        Neither set (the default): ``DEFAULT_ROUND_ROWS * seq_length`` = 2 * seq_length tokens
+        (:meth:`resolved_round`).
     max_wait_rounds: most buffer rounds an under-filled bin is held back as a pending group.
     min_fill: fill fraction in (0, 1] at which a bin is emitted without waiting.
     max_row_vision_patches: most ViT input patches per row (sum of t*h*w over the row's image and
@@ -77,13 +84,22 @@ class PackingPolicy:
     def __post_init__(self) -> None:
         if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
             object.__setattr__(self, "min_fill", float(self.min_fill))
-        if self.buffer_size is None and self.buffer_tokens is None:
-            object.__setattr__(self, "buffer_size", DEFAULT_BUFFER_SIZE)
         raise_if_problems(type(self).__name__, self.problems())
+
+    def resolved_round(self, seq_length: int) -> dict[str, int | None]:
+        """When a round runs at row width ``seq_length``: ``buffer_size`` / ``buffer_tokens`` as set,
+        or by default ``DEFAULT_ROUND_ROWS * seq_length`` tokens.
+
+        Example: ``PackingPolicy().resolved_round(8192)`` -> ``{"buffer_size": None, "buffer_tokens": 16384}``;
+        ``PackingPolicy(buffer_size=16).resolved_round(8192)`` -> ``{"buffer_size": 16, "buffer_tokens": None}``.
+        """
+        if self.buffer_size is None and self.buffer_tokens is None:
+            return {"buffer_size": None, "buffer_tokens": DEFAULT_ROUND_ROWS * seq_length}
+        return {"buffer_size": self.buffer_size, "buffer_tokens": self.buffer_tokens}
 
     def fingerprint(self) -> dict[str, Any]:
         """Resume-relevant values (``buffer_tokens`` only when set, so that states saved before it
-        existed still resume)."""
+        existed still resume; ``PackingConfig.fingerprint`` adds the resolved default round)."""
         values = fingerprint_fields(self)
         if values["buffer_tokens"] is None:
             del values["buffer_tokens"]

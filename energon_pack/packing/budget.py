@@ -12,9 +12,18 @@ from typing import Any
 from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.errors import BadSampleError
-from energon_pack.packing.algorithms import RowBudget
+from energon_pack.packing.algorithms import RoundSize, RowBudget
 
-__all__ = ["row_budget", "sample_misfit"]
+__all__ = ["round_size", "row_budget", "sample_misfit"]
+
+
+def round_size(row: RowLayout, policy: PackingPolicy) -> RoundSize:
+    """When a selection round runs: ``policy.resolved_round`` at the row width.
+
+    Example: ``round_size(RowLayout(seq_length=8192), PackingPolicy())`` -> ``RoundSize(samples=None, tokens=16384)``.
+    """
+    resolved = policy.resolved_round(row.seq_length)
+    return RoundSize(samples=resolved["buffer_size"], tokens=resolved["buffer_tokens"])
 
 
 def row_budget(row: RowLayout, policy: PackingPolicy) -> RowBudget:

@@ -7,7 +7,8 @@ carry under-filled bins across rounds, so this stage replaces it. Per worker it
    over a per-row vision budget on their own, are counted and dropped, never buffered): each
    gets an arrival index from the round planner and waits in one buffer of samples by arrival
    index;
-2. when ``buffer_size`` new samples (or new samples holding ``buffer_tokens`` aligned tokens)
+2. when ``buffer_size`` new samples (or new samples holding ``buffer_tokens`` aligned tokens; by
+   default 2 * seq_length tokens)
    have arrived, or the stream ended, lets the planner
    (``packing/planner.py``) run one selection round over new + pending samples, within the
    row's width and vision budgets: full bins and bins holding a sample that waited
@@ -46,8 +47,7 @@ from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError, TooManyBadSamplesError
-from energon_pack.packing.algorithms import RoundSize
-from energon_pack.packing.budget import row_budget, sample_misfit
+from energon_pack.packing.budget import round_size, row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner, is_count, plan_state_problems, planned_indices
 from energon_pack.runtime.skip_log import warn_skip
 from energon_pack.core import stage_times
@@ -190,7 +190,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self._samples = ArrivalBuffer(self.dataset, worker_config=self.worker_config)
         self._planner = RoundPlanner(
             budget=self.budget,
-            round_size=RoundSize(samples=self.policy.buffer_size, tokens=self.policy.buffer_tokens),
+            round_size=round_size(self.row, self.policy),
             min_fill=self.policy.min_fill,
             max_wait_rounds=self.policy.max_wait_rounds,
         )
@@ -403,6 +403,6 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
 
     def __str__(self) -> str:
         return (
-            f"PendingGroupPackingDataset(seq_length={self.row.seq_length}, buffer_size={self.policy.buffer_size}, "
-            f"buffer_tokens={self.policy.buffer_tokens}, dataset={self.dataset})"
+            f"PendingGroupPackingDataset(seq_length={self.row.seq_length}, {round_size(self.row, self.policy)}, "
+            f"dataset={self.dataset})"
         )

@@ -267,3 +267,17 @@ def test_the_default_round_packs_the_text_mix_within_one_percent_of_the_lower_bo
     bound = math.ceil(sum(length for length in lengths if length <= width) / width)
     assert result.skipped == sum(length > width for length in lengths)
     assert result.rows <= bound + 1 + 0.01 * bound, (result.rows, bound)
+
+
+def test_the_default_round_fills_every_width_of_the_reference_mix() -> None:
+    """``energon-pack simulate``'s default mix (4000 samples), flush included: the default round
+    (``DEFAULT_ROUND_ROWS`` * W tokens) fills >= 99 % at every width from 4096 to 32768."""
+    from energon_pack.config import DEFAULT_ROUND_ROWS, PackingPolicy
+
+    defaults = PackingPolicy()
+    rows = simulation_table(
+        reference_mix(4000, seed=0), widths=[4096, 8192, 16384, 32768], buffer_sizes=[],
+        buffer_rows=[DEFAULT_ROUND_ROWS], min_fill=defaults.min_fill, max_wait_rounds=defaults.max_wait_rounds,
+    )
+    assert [row["W"] for row in rows] == [4096, 8192, 16384, 32768]
+    assert all(row["fill"] >= 0.99 for row in rows), [(row["W"], row["fill"]) for row in rows]

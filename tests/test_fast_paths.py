@@ -64,7 +64,7 @@ def test_image_patcher_equals_the_processor(processor, height, width, mode, seed
     if max(height, width) / min(height, width) > 200:
         return
     patcher = ImagePatcher.for_processor(processor)
-    assert patcher is not None and ImagePatcher.for_processor(processor) is patcher  # probed once
+    assert patcher is not None
     image = _image(height, width, mode, seed)
     expected = processor.image_processor(images=[image], return_tensors="pt", do_rescale=False, do_normalize=False)
     out = torch.empty_like(expected["pixel_values"])
@@ -89,6 +89,13 @@ def test_image_pixels_with_the_patcher_equals_the_processor_path(processor):
     image_pixels(processor, datas, grids, uint8=True, out=outs[0])
     image_pixels(processor, datas, grids, uint8=True, out=outs[1], patcher=ImagePatcher.for_processor(processor))
     assert torch.equal(outs[0], outs[1])
+
+
+def test_image_patcher_probes_once_and_leaves_the_processor_serialisable(processor, monkeypatch):
+    assert ImagePatcher.for_processor(processor) is not None
+    monkeypatch.setattr(ImagePatcher, "_probe", classmethod(lambda cls, image_processor: pytest.fail("probed again")))
+    assert ImagePatcher.for_processor(processor) is not None
+    assert "ImagePatcher" not in processor.image_processor.to_json_string()
 
 
 def test_image_patcher_refuses_other_processors(processor):

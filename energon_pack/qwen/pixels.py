@@ -16,6 +16,7 @@ main process copies nothing), instead of one tensor per sample concatenated afte
 from __future__ import annotations
 
 import io
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -238,6 +239,9 @@ def patchify_into(
     return out
 
 
+#: Probe verdicts by image processor: (its settings, whether the patcher equals it); entries go with the processor.
+_PROBED: weakref.WeakKeyDictionary[Any, tuple[str, bool]] = weakref.WeakKeyDictionary()
+
 #: Image processor classes whose resize + patchify :class:`ImagePatcher` reproduces (its probe decides).
 PATCHER_PROCESSORS = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast")
 
@@ -293,25 +297,26 @@ class ImagePatcher:
     def for_processor(cls, processor: Any) -> ImagePatcher | None:
         """A patcher when it reproduces ``processor.image_processor`` byte for byte on the probe
         images, else None (use the image processor itself). Probed once per image processor and
-        settings (the answer is cached on the image processor object)."""
+        settings (cached beside the image processor, not on it: its ``to_json_string`` stays as it was)."""
         image_processor = processor.image_processor
         settings = repr((
             type(image_processor).__name__, dict(image_processor.size), image_processor.resample,
             image_processor.patch_size, image_processor.merge_size, image_processor.temporal_patch_size,
             getattr(image_processor, "do_resize", True), getattr(image_processor, "do_pad", False),
         ))
-        cached = getattr(image_processor, "_energon_pack_patcher", None)
-        if cached is None or cached[0] != settings:
-            cached = (settings, cls._probe(image_processor))
-            image_processor._energon_pack_patcher = cached
-        return cached[1]
+        verdict = _PROBED.get(image_processor)
+        if verdict is None or verdict[0] != settings:
+            verdict = (settings, cls._probe(image_processor))
+            _PROBED[image_processor] = verdict
+        return cls(image_processor) if verdict[1] else None
 
     @classmethod
-    def _probe(cls, image_processor: Any) -> ImagePatcher | None:
+    def _probe(cls, image_processor: Any) -> bool:
+        """Whether a patcher gives the image processor's bytes and grids on every probe image."""
         if type(image_processor).__name__ not in PATCHER_PROCESSORS:
-            return None
+            return False
         if not getattr(image_processor, "do_resize", True) or getattr(image_processor, "do_pad", False):
-            return None
+            return False
         patcher = cls(image_processor)
         try:
             for image in _probe_images():
@@ -319,10 +324,10 @@ class ImagePatcher:
                 out = torch.empty_like(expected["pixel_values"])
                 grid = patcher(image, out)
                 if list(grid) != expected["image_grid_thw"][0].tolist() or not torch.equal(out, expected["pixel_values"]):
-                    return None
+                    return False
         except Exception:  # any disagreement in the probe: the processor path stays
-            return None
-        return patcher
+            return False
+        return True
 
 
 def _probe_images() -> list[Any]:

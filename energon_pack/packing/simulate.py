@@ -232,15 +232,9 @@ def _emit(planner: RoundPlanner, decode_failures: Collection[int]) -> list[list[
 def simulate_stream(
     lengths: Sequence[int | MixSample],
     *,
-    seq_length: int,
-    buffer_size: int | None = None,
-    buffer_tokens: int | None = None,
+    seq_length: int, max_segments: int | None = None, max_vision_patches: int | None = None, max_media: int | None = None,
+    buffer_size: int | None = None, buffer_tokens: int | None = None, min_fill: float, max_wait_rounds: int,
     pad_multiple: int = 1,
-    min_fill: float,
-    max_wait_rounds: int,
-    max_segments: int | None = None,
-    max_vision_patches: int | None = None,
-    max_media: int | None = None,
 ) -> SimulationResult:
     """Pack ``lengths`` (tokens per sample, or `MixSample`s) with pending groups; samples
     that fit no row (overlong, or over a vision limit) are skipped."""
@@ -264,13 +258,9 @@ def simulate_stream(
 def simulate_ffd_per_buffer(
     lengths: Sequence[int | MixSample],
     *,
-    seq_length: int,
-    buffer_size: int | None = None,
-    buffer_tokens: int | None = None,
+    seq_length: int, max_segments: int | None = None, max_vision_patches: int | None = None, max_media: int | None = None,
+    buffer_size: int | None = None, buffer_tokens: int | None = None,
     pad_multiple: int = 1,
-    max_segments: int | None = None,
-    max_vision_patches: int | None = None,
-    max_media: int | None = None,
 ) -> SimulationResult:
     """Baseline: first-fit-decreasing on each buffer (``buffer_size`` samples, or samples
     holding ``buffer_tokens`` slots), every bin emitted, nothing carried (within the same

@@ -26,6 +26,14 @@ def processor_qwen3():
 
 
 @pytest.fixture(scope="session")
+def processor_qwen35():
+    """The offline Qwen3.5 / Qwen3.6 processor (first build ~20 s, then cached on disk)."""
+    from energon_pack.qwen.processor import load_processor
+
+    return load_processor(family="qwen3.5")
+
+
+@pytest.fixture(scope="session")
 def synthetic_dataset(tmp_path_factory):
     """A prepared synthetic dataset of 40 mixed samples (images, videos, multi-turn text)."""
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset

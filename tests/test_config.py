@@ -220,7 +220,7 @@ def test_every_yaml_is_a_packing_config_or_a_known_energon_config() -> None:
 
 def test_shipped_configs_exist() -> None:
     names = {path.name for path in CONFIG_FILES}
-    assert {"qwen25vl_8k.yaml", "qwen3vl_moe_16k_cp2.yaml", "qwen25vl_8k_cudagraph.yaml"} <= names
+    assert {"qwen25vl_8k.yaml", "qwen3vl_moe_16k_cp2.yaml", "qwen25vl_8k_cudagraph.yaml", "qwen35_moe_16k.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)

@@ -1,8 +1,8 @@
 """Oracle for the hybrid Qwen3.5: a packed THD row (built by the plugin with the offline Qwen3.5
 processor) through a tiny random ``Qwen3_5ForConditionalGeneration`` equals each sample run alone.
 
-The row holds an image sample, a multi-turn text sample, a 4 fps video and a short text sample
-(W=256, segments aligned to 8), built and compared as in tests/test_model_oracle.py.
+The row holds the Qwen2.5-VL oracle's five multimodal samples and a two-round text sample
+(W=384, segments aligned to 8), built and compared as in tests/test_model_oracle.py.
 
 (a) Full-attention layers only: the row with explicit M-RoPE and the cu_seqlens block mask equals
     the unpacked runs, as for Qwen2.5-VL.
@@ -22,27 +22,20 @@ import pytest
 import torch
 
 from energon_pack.qwen.processor import load_processor
-from tests.test_model_oracle import IMAGE, VIDEO, Case, Video, _message, _pack, _packed_logits, _split, _unpacked_logits
+from tests.test_model_oracle import MULTIMODAL_CASES, TEXT_CASES, _pack, _packed_logits, _split, _unpacked_logits
 from tests.tiny_qwen35 import FULL_LAYERS, HYBRID_LAYERS, segmented_linear_attention, tiny_qwen35
 
 # Slow: two tiny random-weight Qwen3.5 forwards per case.
 pytestmark = pytest.mark.slow
 
 ATOL = 1e-4
-WIDTH, ALIGN = 256, 8
+WIDTH, ALIGN = 384, 8
 #: Few vision tokens: images and video clips within 32*32 .. 64*64*2 pixels.
 MIN_PIXELS, MAX_PIXELS = 32 * 32, 64 * 64 * 2
 
-CASES = [
-    Case("one_image", [_message("user", IMAGE, "What is this?"), _message("assistant", "A picture.")],
-         images=[(64, 96, "PNG", "RGB")]),
-    Case("text", [_message("system", "Be brief."), _message("user", "Hello there, how are you?"),
-                  _message("assistant", "Fine."), _message("user", "Sure?"), _message("assistant", "Yes.")]),
-    # 8 frames at 4 fps, sampled at 2 fps: n = 4 frames, round(linspace(0, 7, 4)) = 0, 2, 5, 7.
-    Case("video", [_message("user", VIDEO, "Describe the clip."), _message("assistant", "Noise.")],
-         videos=[Video(frames=8, height=64, width=64, fps=4, indices=(0, 2, 5, 7))]),
-    Case("text2", [_message("user", "2+2?"), _message("assistant", "4")]),
-]
+#: The Qwen2.5-VL oracle's multimodal cases (one image, multi-turn text, a 4 fps video sampled at
+#: 2 fps, two images, image and video) and a two-round text case.
+CASES = [*MULTIMODAL_CASES, TEXT_CASES[2]]
 
 
 @pytest.fixture(scope="module")

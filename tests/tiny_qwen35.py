@@ -19,6 +19,8 @@ import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
+from tests.tiny_qwen import random_model
+
 #: Smallest multiple of 64 holding every Qwen3.5 special token id (last: 248076).
 TINY_QWEN35_VOCAB = 248128
 #: Three linear-attention layers, then one full-attention layer (the released 3:1 pattern).
@@ -63,11 +65,7 @@ def tiny_qwen35(
         ),
         tie_word_embeddings=True,
     )
-    config._attn_implementation = "eager"
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = Qwen3_5ForConditionalGeneration(config)
-    return model.to(torch.float32).eval()
+    return random_model(Qwen3_5ForConditionalGeneration, config, seed=seed)
 
 
 def segment_bounds(cu_seqlens_padded: torch.Tensor) -> list[tuple[int, int]]:

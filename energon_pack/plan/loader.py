@@ -264,10 +264,12 @@ class PlanDataLoader:
         return self.source.row(position)
 
     def stats(self) -> dict[str, Any]:
-        """This rank's row statistics (decode-time skips by reason) plus the plan's own skips."""
+        """This rank's row statistics (decode-time skips by reason) plus the plan's own skips, and
+        the model ``family`` the rows are encoded for (as the online loader reports it)."""
         report = aggregate_stats([self._stats.snapshot()])
         report["plan_rows"] = self.plan.num_rows
         report["plan_skipped"] = dict(self.plan.skipped)
+        report["family"] = self.source.encoder.vision.family
         return report
 
     # ----------------------------------------------------------------------- state

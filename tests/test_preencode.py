@@ -40,9 +40,15 @@ from tests.golden_media import (
 )
 from tests.hf_reference import PROCESSOR_FIXTURES, hf_reference
 
-#: Samples compared with the HF processor per family (>= 500 in all).
-#: Qwen3.5 shares Qwen3-VL's vision code, so a short mix covers its tokenizer and template.
-GOLDEN_COUNTS = {"qwen2.5-vl": 300, "qwen3-vl": 200, "qwen3.5": 24}
+#: Golden runs: (family, processor fixture, samples compared with the HF processor; >= 500 in all).
+#: Qwen3.5 shares Qwen3-VL's vision code, so a short mix covers its tokenizer and template, for
+#: the offline processor and for a HF-saved folder (transformers' own Qwen3_5Tokenizer).
+GOLDEN_RUNS = {
+    "qwen2.5-vl": ("qwen2.5-vl", "processor", 300),
+    "qwen3-vl": ("qwen3-vl", "processor_qwen3", 200),
+    "qwen3.5": ("qwen3.5", "processor_qwen35", 24),
+    "qwen3.5-saved": ("qwen3.5", "processor_qwen35_saved", 24),
+}
 #: Mixes at least this long are checked for coverage (sizes, formats, media kinds, rounds).
 COVERAGE_MIN_SAMPLES = 200
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
@@ -158,11 +164,12 @@ def image_format(data: bytes) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(GOLDEN_COUNTS))
-def test_preencode_equals_hf_processor(family, request):
-    processor = request.getfixturevalue(PROCESSOR_FIXTURES[family])
+@pytest.mark.parametrize("run", sorted(GOLDEN_RUNS))
+def test_preencode_equals_hf_processor(run, request):
+    family, fixture, count = GOLDEN_RUNS[run]
+    processor = request.getfixturevalue(fixture)
     encoder = task_encoder(processor)
-    samples = golden_samples(golden_count(GOLDEN_COUNTS[family]), seed=2024, family=family)
+    samples = golden_samples(golden_count(count), seed=2024, family=family)
     for index, golden in enumerate(samples):
         prepared = encoder.preencode_sample(chat_sample(golden, f"golden{index}"))
         reference = hf_reference(processor, *golden)

@@ -226,13 +226,11 @@ def test_fingerprint_names_the_family(processor_qwen35):
 
 
 @pytest.mark.slow
-def test_saved_folder_round_trip(processor_qwen35, tmp_path):
+def test_saved_folder_round_trip(processor_qwen35, processor_qwen35_saved):
     """A HF-saved Qwen3.5 processor with a qwen3_5_moe config.json loads through load_processor
     (transformers rebuilds its Qwen3_5Tokenizer), tokenizes and renders as the offline one and is
     qwen3.5 from its config."""
-    processor_qwen35.save_pretrained(tmp_path)
-    Qwen3_5MoeConfig().save_pretrained(tmp_path)
-    loaded = load_processor(tmp_path)
+    loaded = processor_qwen35_saved
     assert type(loaded).__name__ == "Qwen3VLProcessor"
     assert loaded.energon_pack_model_config.model_type == "qwen3_5_moe"
     assert processor_family(loaded) == "qwen3.5" and RopeSpec.from_processor(loaded).family == "qwen3.5"

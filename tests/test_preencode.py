@@ -186,7 +186,7 @@ def test_preencode_equals_hf_processor(run, request):
             assert torch.equal(seconds, reference["second_per_grid_ts"]), index
         check_targets(prepared, reference["input_ids"][0], golden.messages, processor.tokenizer, family=family)
 
-    if family == "qwen3.5":  # reasoning reached the tokens: some think blocks are not empty
+    if family == "qwen3.5" and len(samples) == count:  # the whole mix: some think blocks are not empty
         assert any("reasoning_content" in m for golden in samples for m in golden.messages)
     if len(samples) < COVERAGE_MIN_SAMPLES:  # a short mix, or a prefix (compatibility run): checked in the main run
         return

@@ -299,3 +299,22 @@ def test_rope_and_tokens_equal_the_processor_and_qwen3_5_get_rope_index(small, q
     timings = [VideoTiming(total_frames=n, fps=2.0, frame_indices=tuple(range(n))) for n, _, _ in videos]
     tokens = tokenize_conversation(small, messages, videos=timings, **grids)
     assert tokens.input_ids.tolist() == inputs["input_ids"][0].tolist()
+
+
+def test_rows_meet_megatron_core_gdn_thd_rules(processor_qwen35):
+    """What Megatron-Core's GatedDeltaNet asserts on a THD row (docs/qwen35.md): the padded
+    cu_seqlens end at the row width, q equals kv, and with cp=2 every segment is a multiple of 2*cp."""
+    from energon_pack.config import ParallelTopology
+    from tests.golden_media import GoldenSample, chat_sample
+
+    config = PackingConfig(seq_length=512, topology=ParallelTopology(tp=2, cp=2, sp=True))
+    encoder = QwenVLPackingTaskEncoder(config, processor_qwen35)
+    chats = [[{"role": "user", "content": f"Question {i}?" * (i + 1)}, {"role": "assistant", "content": "Yes."}]
+             for i in range(3)]
+    prepared = [encoder.preencode_sample(chat_sample(GoldenSample(chat, [], []), f"s{i}")) for i, chat in enumerate(chats)]
+    row = encoder.batch([encoder.pack_selected_samples([encoder.postencode_sample(p) for p in prepared])])
+    cu = row["cu_seqlens_q_padded"]
+    lengths = cu[1:] - cu[:-1]
+    assert int(cu[-1]) == 512 and len(lengths) == 3
+    assert torch.equal(row["cu_seqlens_kv_padded"], cu) and torch.equal(row["cu_seqlens_kv"], row["cu_seqlens_q"])
+    assert bool(((lengths % 4 == 0) & (lengths > 0)).all()), lengths.tolist()

@@ -52,6 +52,7 @@ from typing import Any
 
 __all__ = [
     "PRESETS",
+    "CostModel",
     "ModelSpec",
     "RowFlops",
     "TextSpec",
@@ -59,6 +60,7 @@ __all__ = [
     "media_flops",
     "model_spec",
     "row_flops",
+    "grid_rows",
     "row_constant",
     "sample_flops",
     "segment_attention_flops",
@@ -447,3 +449,38 @@ def row_constant(spec: ModelSpec, width: int) -> int:
     Example: preset "qwen2.5-vl-7b", width 2 -> 2 * 42_421_714_944 = 84_843_429_888.
     """
     return width * token_flops(spec)
+
+
+def grid_rows(*grids: Any) -> list[tuple[int, int, int]]:
+    """The ``(t, h, w)`` rows of ``image_grid_thw`` / ``video_grid_thw`` arrays or tensors (None
+    skipped). Example: ``grid_rows(np.array([[1, 4, 6]]), None)`` -> ``[(1, 4, 6)]``."""
+    return [tuple(int(x) for x in row) for grid in grids if grid is not None for row in grid.tolist()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """The cost model of a config: :func:`model_spec` of ``cost_model`` plus the frozen-tower switch
+    (fwd+bwd, kernel convention ``causal_fraction=0.5``).
+
+    Example: ``CostModel.of("qwen2.5-vl-7b").sample(1000, [])`` -> 602_112_000_000.
+    """
+
+    spec: ModelSpec
+    frozen_vision: bool = False
+
+    @classmethod
+    def of(cls, cost_model: Any, *, frozen_vision: bool = False) -> CostModel:
+        """From a preset name, config path, dict or HF config object (see :func:`model_spec`)."""
+        return cls(spec=model_spec(cost_model), frozen_vision=frozen_vision)
+
+    def sample(self, tokens: int, grids: Sequence[Sequence[int]]) -> int:
+        """:func:`sample_flops` of one sample."""
+        return sample_flops(self.spec, tokens, grids, frozen_vision=self.frozen_vision)
+
+    def row(self, lengths: Sequence[int], grids: Sequence[Sequence[int]], *, width: int) -> int:
+        """Total :func:`row_flops` of a row of ``width`` slots."""
+        return row_flops(self.spec, lengths, grids, width=width, frozen_vision=self.frozen_vision).total
+
+    def constant(self, width: int) -> int:
+        """:func:`row_constant` of a row of ``width`` slots."""
+        return row_constant(self.spec, width)

@@ -73,8 +73,8 @@ def balance_rows(
     vision: Sequence[int] | None = None,
     media: Sequence[int] | None = None,
     chunk_rows: int = 256,
-    passes: int = 6,
-    partners: int = 6,
+    passes: int = 3,
+    partners: int = 4,
 ) -> list[list[int]]:
     """Rows (positions into ``lengths``) with the same count as ``rows`` and near-equal summed cost.
 
@@ -241,7 +241,7 @@ class BalancedStream:
         self.window_steps = window_steps
         self.repeat = repeat
         self._orders: dict[int, list[int]] = {}
-        self._window: tuple[int, list[int]] | None = None  # (window start, plain position at each offset)
+        self._window: tuple[int, list[int]] | None = None  # (window start, plan row at each offset)
 
     @property
     def num_rows(self) -> int:
@@ -255,7 +255,9 @@ class BalancedStream:
         """Plan row at ``position`` of the plain stream: ``epoch_row_order(R, seed, p // R)[p % R]``."""
         epoch, row = divmod(position, self.num_rows)
         if epoch not in self._orders:
-            self._orders = {epoch: epoch_row_order(self.num_rows, seed=self.seed, epoch=epoch)}
+            if len(self._orders) > 1:  # keep two epochs: a window may span an epoch boundary
+                del self._orders[min(self._orders)]
+            self._orders[epoch] = epoch_row_order(self.num_rows, seed=self.seed, epoch=epoch)
         return self._orders[epoch][row]
 
     def plan_row(self, position: int) -> int:
@@ -271,8 +273,8 @@ class BalancedStream:
             stream = 0 if self.repeat else base // self.num_rows
             offsets = window_order(self.row_costs[plain].tolist(), step_rows=self.step_rows,
                                    key=f"energon_pack.balance:{self.seed}:{stream}:{(start - base) // size}")
-            self._window = (start, [start + i for i in offsets])
-        return self.plain_row(self._window[1][position - start])
+            self._window = (start, [plain[i] for i in offsets])
+        return self._window[1][position - start]
 
     def rank_positions(self, cursor: int, end: int | None, *, rank: int, dp: int) -> Iterator[int]:
         """Positions ``rank`` reads from ``cursor`` (a step boundary) below ``end``: step by step,

@@ -216,3 +216,20 @@ def test_config_without_a_packing_provider_asks_for_the_packing_config():
 def test_provider_without_bridge_names_the_extra():
     with pytest.raises(ImportError, match=r"pip install 'energon-pack\[bridge\]'"):
         from energon_pack.bridge import PackingDatasetProvider  # noqa: F401
+
+
+def test_bridge_sets_micro_batches_per_step_from_its_sizes():
+    from energon_pack.bridge.checks import with_step_size
+
+    packing = with_step_size(PACKING, global_batch_size=64, micro_batch_size=1, data_parallel_size=4)
+    assert packing.trainer.micro_batches_per_step == 16
+    assert packing.row == PACKING.row and packing.policy == PACKING.policy and packing.loader == PACKING.loader
+    with pytest.raises(ValueError, match="global_batch_size=60 is not a multiple .* fix: set the global batch to a multiple of 8"):
+        with_step_size(PACKING, global_batch_size=60, micro_batch_size=1, data_parallel_size=8)
+
+
+def test_provider_global_batch_must_match_bridges():
+    cfg = bridge_like_config()
+    cfg.dataset = types.SimpleNamespace(packing=PACKING, global_batch_size=cfg.train.global_batch_size * 2)
+    with pytest.raises(ConfigError, match="cfg.dataset.global_batch_size = cfg.train.global_batch_size"):
+        check_bridge_config(cfg)

@@ -9,13 +9,14 @@ That includes Bridge 0.6.2's hybrid Qwen3.5 / Qwen3.6 providers (``Qwen35VLModel
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 from energon_pack.config import ConfigError, PackingConfig, check_training_compat
 from energon_pack.config.cross_part import mtp_problem
 
-__all__ = ["check_bridge_config", "gdn_problems"]
+__all__ = ["check_bridge_config", "gdn_problems", "with_step_size"]
 
 _CUDA_GRAPHS_OFF = (None, "none")
 #: ``cfg.model.experimental_attention_variant`` of models with Gated DeltaNet (linear-attention) layers.
@@ -57,6 +58,13 @@ def check_bridge_config(cfg: Any, packing: PackingConfig | None = None) -> None:
                 "check_bridge_config(cfg, packing=<the PackingConfig of your loaders>)"
             )
     problems = list(filter(None, _bridge_problems(cfg, packing)))
+    provider_batch = getattr(getattr(cfg, "dataset", None), "global_batch_size", None)
+    if provider_batch is not None and provider_batch != cfg.train.global_batch_size:
+        problems.append(
+            f"cfg.dataset.global_batch_size={provider_batch} but cfg.train.global_batch_size="
+            f"{cfg.train.global_batch_size}: balanced steps would be dealt in steps of the wrong size; fix: "
+            f"cfg.dataset.global_batch_size = cfg.train.global_batch_size"
+        )
     try:
         check_training_compat(
             packing,
@@ -162,3 +170,23 @@ def _cuda_graph_settings(model: Any) -> list[str]:
         f"cfg.model.{name}=True" for name in ("enable_cuda_graph", "external_cuda_graph") if getattr(model, name, False)
     ]
     return settings
+
+
+def with_step_size(
+    packing: PackingConfig, *, global_batch_size: int, micro_batch_size: int, data_parallel_size: int
+) -> PackingConfig:
+    """``packing`` with ``micro_batches_per_step = global_batch_size / (micro_batch_size * dp)``, the
+    micro-batches each rank runs per optimizer step (what a balanced plan's loader deals by).
+
+    Example: global batch 64, micro-batch 1, DP 8 -> ``micro_batches_per_step`` 8; global batch
+    60 at DP 8 -> ValueError (not a whole number of micro-batches per rank).
+    """
+    per_step = micro_batch_size * data_parallel_size
+    if per_step < 1 or global_batch_size % per_step:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is not a multiple of micro_batch_size x data-parallel size "
+            f"= {micro_batch_size} x {data_parallel_size}: a step must give every rank the same number of "
+            f"micro-batches; fix: set the global batch to a multiple of {max(per_step, 1)}"
+        )
+    trainer = dataclasses.replace(packing.trainer, micro_batches_per_step=global_batch_size // per_step)
+    return PackingConfig(row=packing.row, policy=packing.policy, loader=packing.loader, trainer=trainer)

@@ -151,3 +151,18 @@ def read_positions(group: Sequence[Any], micro: int, *, steps: int) -> list[list
         rows.close()
     return out
 
+
+
+@pytest.mark.slow
+def test_online_rows_report_modelled_flops(dataset, processor) -> None:
+    """cost_model alone: online rows carry row_cost["flops"] (the row's own segments and media) and
+    loader.stats() summarises it."""
+    config = make_config(balance_steps=False, buffer_size=8)
+    loader = get_packing_loader(dataset, config, processor)
+    flops = []
+    for row in loader:
+        assert row["row_cost"]["flops"] == independent_flops(row)
+        flops.append(row["row_cost"]["flops"])
+    stats = loader.stats()
+    assert stats["row_cost_max"]["flops"] == max(flops)
+    assert stats["row_cost_mean"]["flops"] == pytest.approx(sum(flops) / len(flops))

@@ -114,6 +114,9 @@ class VisionSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
+    """What the cost model needs of a model: its family (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``),
+    LLM and vision tower sizes (see :func:`model_spec`)."""
+
     family: str
     text: TextSpec
     vision: VisionSpec

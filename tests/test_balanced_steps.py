@@ -12,7 +12,7 @@ from energon_pack.config import PackingConfig
 from energon_pack.identity import packing_fingerprint
 from energon_pack.loader import get_packing_loader
 from energon_pack.packing.balance import deal_step, step_imbalance
-from energon_pack.plan.build import build_plan
+from energon_pack.plan.build import build_plan, plan_report
 from energon_pack.rows.flops import grid_rows, model_spec, row_flops
 
 W = 1024
@@ -83,6 +83,10 @@ def test_balanced_plan_keeps_the_rows_and_old_digests(plans) -> None:
     assert plain.fingerprint["packing"] == packing_fingerprint(make_config(balance_steps=False))
     assert balanced.fingerprint["packing"]["cost_model"] == MODEL
     assert balanced.row_flops.shape == (balanced.num_rows,) and balanced.row_flops.min() > 0
+    report = {r["metric"]: r["value"] for r in plan_report(balanced, seq_length=W, seconds=0.0)}
+    mean, cv, peak = (float(v) for v in report["row FLOPs: mean (TFLOP), CV, max/mean"].split(", "))
+    assert mean == pytest.approx(balanced.row_flops.mean() / 1e12, abs=0.01) and 0 <= cv < peak
+    assert "row FLOPs: mean (TFLOP), CV, max/mean" not in {r["metric"] for r in plan_report(plain, seq_length=W, seconds=0.0)}
 
 
 @pytest.mark.slow

@@ -100,7 +100,7 @@ def print_step_table(samples: list[MixSample], source: str, args: argparse.Names
         min_fill=defaults.min_fill, window_steps=defaults.balance_window_steps,
     )
     first = table[0]
-    print(f"lengths: {source}; W={args.seq_length}, cost model {args.cost_model}"
+    print(f"lengths: {source}; W={args.seq_length} (samples aligned to 64), cost model {args.cost_model}"
           f"{' (frozen vision)' if args.frozen_vision else ''}, fwd+bwd FLOPs per row")
     print(f"rows {first['rows']} (lower bound {first['lower_bound']}); row cost CV: plain {first['cv_plain']:.3f}, "
           f"balanced {first['cv_balanced']:.3f}")

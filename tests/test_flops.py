@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -9,6 +10,8 @@ from hypothesis import strategies as st
 
 from energon_pack.rows.flops import (
     PRESETS,
+    CostModel,
+    grid_rows,
     media_flops,
     model_spec,
     row_constant,
@@ -32,6 +35,8 @@ def test_docstring_examples() -> None:
     assert row.text_linear + row.lm_head == 1000 * 14_140_571_648
     assert sample_flops(spec, 1000) == 602_112_000_000
     assert row_constant(spec, 2) == 84_843_429_888
+    assert CostModel.of("qwen2.5-vl-7b").sample(1000, []) == 602_112_000_000
+    assert grid_rows(np.array([[1, 4, 6]]), None, torch.tensor([[2, 8, 8]])) == [(1, 4, 6), (2, 8, 8)]
 
 
 def test_fixed_width_row_is_constant_plus_its_samples() -> None:

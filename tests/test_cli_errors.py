@@ -75,3 +75,17 @@ def test_get_packing_loader_on_a_records_file(records, processor):
         get_packing_loader(records, PackingConfig(seq_length=1024, num_workers=0), processor)
     with pytest.raises(UsageError, match="does not exist"):
         get_packing_loader(records.parent / "missing", PackingConfig(seq_length=1024, num_workers=0), processor)
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--dp", "8,x"], ["--dp", "comma-separated"]),
+        (["--dp", "8", "--micro-batches", "0"], ["--micro-batches", "positive"]),
+        (["--dp", "8", "--cost-model", "llama-7b"], ["--cost-model 'llama-7b'", "qwen2.5-vl-7b"]),
+        (["--dp", "8", "--seq-length", "0"], ["--seq-length 0", "--seq-length 8192"]),
+    ],
+)
+def test_simulate_step_table_bad_values(capsys, argv, fragments):
+    line = one_line_error(capsys, ["simulate", "--samples", "50", *argv])
+    assert all(fragment in line for fragment in fragments), line

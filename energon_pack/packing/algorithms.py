@@ -143,11 +143,7 @@ class RoundResult:
 
 
 def first_fit_decreasing(
-    lengths: Sequence[int],
-    budget: RowBudget,
-    *,
-    vision: Sequence[int] | None = None,
-    media: Sequence[int] | None = None,
+    lengths: Sequence[int], budget: RowBudget, *, vision: Sequence[int] | None = None, media: Sequence[int] | None = None
 ) -> list[list[int]]:
     """First-fit-decreasing bin packing within ``budget``; returns bins of positions into ``lengths``.
 

@@ -34,11 +34,7 @@ __all__ = [
 
 
 def best_fit_decreasing(
-    lengths: Sequence[int],
-    budget: RowBudget,
-    *,
-    vision: Sequence[int] | None = None,
-    media: Sequence[int] | None = None,
+    lengths: Sequence[int], budget: RowBudget, *, vision: Sequence[int] | None = None, media: Sequence[int] | None = None
 ) -> list[list[int]]:
     """Best-fit-decreasing bin packing within ``budget``; returns bins of positions into ``lengths``.
 

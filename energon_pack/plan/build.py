@@ -7,7 +7,11 @@
 2. **Plan** (:func:`plan_measurement`): bad samples and samples that fit no row are counted
    by reason (or raise, with ``on_overlong="error"``), the rest packed by
    :func:`energon_pack.packing.global_plan.plan_rows` under the online budgets (``seq_length``
-   slots after alignment, ``max_segments``, ``max_row_vision_patches``, ``max_row_media``).
+   slots after alignment, ``max_segments``, ``max_row_vision_patches``, ``max_row_media``);
+   with ``balance_steps`` the rows are then balanced toward equal modelled FLOPs
+   (:func:`energon_pack.packing.balance.balance_rows`, same budgets and row count) and the plan
+   stores each row's FLOPs (``row_constant(W)`` plus its samples' ``sample_flops``, measured
+   in the workers from the sample's token count and media grids).
 3. **Fingerprint**: the dataset (split, shard names, sample counts and byte sizes), the
    encoder (processor, vision and rope identity) and the config fields that decide rows.
 """
@@ -25,9 +29,11 @@ import numpy as np
 
 from energon_pack.config import PackingConfig
 from energon_pack.identity import encoder_fingerprint, plan_fingerprint, split_fingerprint
+from energon_pack.packing.balance import balance_rows
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.global_plan import plan_rows
 from energon_pack.plan.file import PackPlan
+from energon_pack.rows.flops import CostModel, grid_rows
 
 __all__ = [
     "Measurement",
@@ -90,12 +96,14 @@ def dataset_fingerprint(path: str | Path, split: str) -> dict[str, Any]:
 
 @dataclass
 class Measurement:
-    """Tokens, ViT input patches and media count of every Energon sample index of a split
-    (tokens ``UNMEASURED`` for samples that are skipped or excluded)."""
+    """Tokens, ViT input patches, media count and modelled FLOPs (``sample_flops``; 0 without a
+    cost model) of every Energon sample index of a split (tokens ``UNMEASURED`` for samples that
+    are skipped or excluded)."""
 
     tokens: np.ndarray
     vision: np.ndarray
     media: np.ndarray
+    flops: np.ndarray
     #: Skipped samples by reason (preencode's skip markers, samples that fit no row).
     skipped: Counter[str] = field(default_factory=Counter)
 
@@ -106,6 +114,7 @@ class Measurement:
             tokens=np.full(size, UNMEASURED, dtype=np.int64),
             vision=np.zeros(size, dtype=np.int64),
             media=np.zeros(size, dtype=np.int64),
+            flops=np.zeros(size, dtype=np.int64),
         )
 
     @property
@@ -114,8 +123,8 @@ class Measurement:
 
 
 def _length_encoder(encoder: Any) -> Any:
-    """An Energon task encoder that maps a sample to ``(index, tokens, vision patches, media, skip
-    reason)``, in batches; a sample that fits no row (``sample_misfit``) is a skip."""
+    """An Energon task encoder that maps a sample to ``(index, tokens, vision patches, media,
+    FLOPs, skip reason)``, in batches; a sample that fits no row (``sample_misfit``) is a skip."""
     from megatron.energon import Sample, TaskEncoder
     from megatron.energon.edataclass import edataclass
     from megatron.energon.task_encoder.base import stateless
@@ -126,7 +135,10 @@ def _length_encoder(encoder: Any) -> Any:
         tokens: int
         vision: int
         media: int
+        flops: int
         skip_reason: Optional[str] = None
+
+    cost_model = encoder.cost_model if encoder.config.policy.balance_steps else None
 
     class LengthEncoder(TaskEncoder):
         decoder = None  # media stay compressed bytes: only headers are read
@@ -144,12 +156,15 @@ def _length_encoder(encoder: Any) -> Any:
                 tokens=prepared.num_tokens,
                 vision=prepared.vision_patches if reason is None else 0,
                 media=prepared.num_media if reason is None else 0,
+                flops=0 if reason is not None or cost_model is None else cost_model.sample(
+                    prepared.num_tokens, grid_rows(prepared.image_grid_thw, prepared.video_grid_thw)
+                ),
                 skip_reason=reason,
             )
 
         @stateless
-        def batch(self, samples: list[SampleSize]) -> list[tuple[int, int, int, int, str | None]]:
-            return [(s.index, s.tokens, s.vision, s.media, s.skip_reason) for s in samples]
+        def batch(self, samples: list[SampleSize]) -> list[tuple[int, int, int, int, int, str | None]]:
+            return [(s.index, s.tokens, s.vision, s.media, s.flops, s.skip_reason) for s in samples]
 
     return LengthEncoder()
 
@@ -171,11 +186,12 @@ def measure_split(
     measurement = Measurement.empty(total)
     with tqdm(total=total, desc="preencode (headers)", unit="sample", disable=not progress) as bar:
         for batch in pin_only_with_accelerator(get_loader(dataset)):
-            for index, tokens, vision, media, reason in batch:
+            for index, tokens, vision, media, flops, reason in batch:
                 if reason is None:
                     measurement.tokens[index] = tokens
                     measurement.vision[index] = vision
                     measurement.media[index] = media
+                    measurement.flops[index] = flops
                 else:
                     measurement.skipped[reason] += 1
             bar.update(len(batch))
@@ -187,22 +203,26 @@ def measure_split(
 
 def plan_measurement(measurement: Measurement, config: PackingConfig, fingerprint: dict[str, Any]) -> PackPlan:
     """Pack the measured samples globally within the online budgets (aligned width, segments,
-    vision patches and media per row); skipped samples stay counted by reason."""
+    vision patches and media per row); skipped samples stay counted by reason. With
+    ``balance_steps`` the rows are balanced by ``measurement.flops`` and carry their FLOPs."""
     kept = np.flatnonzero(measurement.tokens != UNMEASURED)
-    aligned = -(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple
-    rows = plan_rows(
-        aligned.tolist(),
-        row_budget(config.row, config.policy),
-        min_fill=config.min_fill,
-        vision=measurement.vision[kept].tolist(),
-        media=measurement.media[kept].tolist(),
-    )
+    aligned = (-(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple).tolist()
+    budget = row_budget(config.row, config.policy)
+    limits = dict(vision=measurement.vision[kept].tolist(), media=measurement.media[kept].tolist())
+    rows = plan_rows(aligned, budget, min_fill=config.min_fill, **limits)
+    row_flops = None
+    if config.policy.balance_steps:
+        flops = measurement.flops[kept]
+        rows = balance_rows(rows, aligned, flops.astype(np.float64), budget, **limits)
+        constant = CostModel.of(config.policy.cost_model).constant(config.seq_length)
+        row_flops = np.array([constant + int(flops[row].sum()) for row in rows], dtype=np.int64)
     return PackPlan.from_rows(
         [kept[row].tolist() for row in rows],
         measurement.tokens,
         fingerprint=fingerprint,
         samples_in=measurement.samples_in,
         skipped=dict(sorted(measurement.skipped.items())),
+        row_flops=row_flops,
     )
 
 
@@ -238,6 +258,10 @@ def plan_report(plan: PackPlan, *, seq_length: int, seconds: float, path: Path |
         *({"metric": f"  skipped: {reason}", "value": count} for reason, count in plan.skipped.items()),
         {"metric": "plan time (s)", "value": f"{seconds:.2f}"},
     ]
+    if plan.row_flops is not None:
+        flops = plan.row_flops.astype(np.float64)
+        rows.insert(4, {"metric": "row FLOPs: mean (TFLOP), CV, max/mean",
+                        "value": f"{flops.mean() / 1e12:.2f}, {flops.std() / flops.mean():.3f}, {flops.max() / flops.mean():.3f}"})
     if path is not None:
         rows.append({"metric": "plan file (KiB)", "value": f"{path.stat().st_size / 1024:.1f}"})
     return rows

@@ -8,7 +8,10 @@ On disk a plan is one NumPy ``.npz`` archive (no pickles), written atomically:
   reason) and ``digest`` (SHA-256 over everything else, checked on load);
 * ``row_offsets`` int64 [R+1]: row ``r`` holds members ``row_offsets[r]:row_offsets[r+1]``;
 * ``member_shard`` int32 [N]: index into the shard table; ``member_index`` int32 [N]: sample
-  index inside that shard; ``member_tokens`` int32 [N]: real tokens of the sample.
+  index inside that shard; ``member_tokens`` int32 [N]: real tokens of the sample;
+* ``row_flops`` int64 [R], only in a plan built with ``balance_steps``: each row's modelled
+  fwd+bwd FLOPs (``energon_pack.rows.flops``), which the plan loader deals steps by. Plans
+  without it keep their digest and are read with plain dealing.
 
 A member's Energon restore key is ``("Webdataset", shard offset + index)`` (see
 ``energon_pack.plan.build.webdataset_index``). 12 bytes per sample: 100k samples -> ~1.2 MB.
@@ -31,6 +34,8 @@ __all__ = ["PLAN_FORMAT", "PackPlan", "PlanFormatError"]
 
 PLAN_FORMAT = "energon_pack.plan/1"
 _ARRAYS = ("row_offsets", "member_shard", "member_index", "member_tokens")
+#: Arrays a plan may hold (in the file and the digest only when present).
+_OPTIONAL = ("row_flops",)
 
 
 class PlanFormatError(ValueError):
@@ -50,6 +55,8 @@ class PackPlan:
     samples_in: int
     #: Samples left out, by reason (``overlong``, ``corrupt_image``, ...).
     skipped: dict[str, int] = field(default_factory=dict)
+    #: Modelled FLOPs of each row (a plan built with ``balance_steps``), else None.
+    row_flops: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         offsets = self.row_offsets
@@ -63,6 +70,16 @@ class PackPlan:
             raise PlanFormatError("member arrays differ in length; fix: rebuild the plan with energon-pack plan")
         if len(offsets) > 1 and int(np.diff(offsets).min()) < 1:
             raise PlanFormatError("a plan row has no member; fix: rebuild the plan with energon-pack plan")
+        if self.row_flops is not None and self.row_flops.shape != (self.num_rows,):
+            raise PlanFormatError(
+                f"row_flops holds {self.row_flops.shape} values for {self.num_rows} rows; "
+                "fix: rebuild the plan with energon-pack plan"
+            )
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The plan's arrays by file name (``row_flops`` only when present)."""
+        names = _ARRAYS + tuple(n for n in _OPTIONAL if getattr(self, n) is not None)
+        return {name: getattr(self, name) for name in names}
 
     # ----------------------------------------------------------------------- geometry
 
@@ -111,8 +128,8 @@ class PackPlan:
     def digest(self) -> str:
         """SHA-256 (hex) over the meta JSON and the bytes of every array: the plan's identity."""
         hasher = hashlib.sha256(json.dumps(self.meta(), sort_keys=True).encode("utf-8"))
-        for name in _ARRAYS:
-            array = np.ascontiguousarray(getattr(self, name))
+        for name, array in self.arrays().items():
+            array = np.ascontiguousarray(array)
             hasher.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
             hasher.update(array.tobytes())
         return hasher.hexdigest()
@@ -125,7 +142,7 @@ class PackPlan:
         path = Path(path)
         partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(partial, "wb") as out:
-            np.savez(out, meta=np.frombuffer(meta, dtype=np.uint8), **{n: getattr(self, n) for n in _ARRAYS})
+            np.savez(out, meta=np.frombuffer(meta, dtype=np.uint8), **self.arrays())
         os.replace(partial, path)
 
     @classmethod
@@ -134,7 +151,7 @@ class PackPlan:
         try:
             with np.load(path, allow_pickle=False) as archive:
                 meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
-                arrays = {name: archive[name] for name in _ARRAYS}
+                arrays = {name: archive[name] for name in _ARRAYS + tuple(n for n in _OPTIONAL if n in archive.files)}
         except (OSError, ValueError, KeyError) as err:
             raise PlanFormatError(
                 f"{os.fspath(path)}: not a pack plan ({err}); fix: pass a file written by energon-pack plan"
@@ -167,6 +184,7 @@ class PackPlan:
         fingerprint: dict[str, Any],
         samples_in: int,
         skipped: Mapping[str, int],
+        row_flops: np.ndarray | None = None,
     ) -> PackPlan:
         """Build a plan from rows of global sample indices and the tokens of every global index.
 
@@ -188,4 +206,5 @@ class PackPlan:
             member_tokens=np.asarray(tokens, dtype=np.int64)[flat].astype(np.int32),
             samples_in=samples_in,
             skipped=dict(skipped),
+            row_flops=None if row_flops is None else np.asarray(row_flops, dtype=np.int64),
         )

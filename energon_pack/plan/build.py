@@ -6,7 +6,7 @@
    ``(Energon sample index, tokens, skip reason)``.
 2. **Plan** (:func:`plan_measurement`): bad samples and samples that fit no row are counted
    by reason (or raise, with ``on_overlong="error"``), the rest packed by
-   :func:`energon_pack.packing.global_plan.plan_rows` under the online budgets (``seq_length``
+   :func:`energon_pack.packing.global_plan.plan_rows_flat` under the online budgets (``seq_length``
    slots after alignment, ``max_segments``, ``max_row_vision_patches``, ``max_row_media``).
 3. **Fingerprint**: the dataset (split, shard names, sample counts and byte sizes), the
    encoder (processor, vision and rope identity) and the config fields that decide rows.
@@ -26,7 +26,7 @@ import numpy as np
 from energon_pack.config import PackingConfig
 from energon_pack.identity import encoder_fingerprint, plan_fingerprint, split_fingerprint
 from energon_pack.packing.budget import row_budget, sample_misfit
-from energon_pack.packing.global_plan import plan_rows
+from energon_pack.packing.global_plan import plan_rows_flat
 from energon_pack.plan.file import PackPlan
 
 __all__ = [
@@ -190,15 +190,16 @@ def plan_measurement(measurement: Measurement, config: PackingConfig, fingerprin
     vision patches and media per row); skipped samples stay counted by reason."""
     kept = np.flatnonzero(measurement.tokens != UNMEASURED)
     aligned = -(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple
-    rows = plan_rows(
-        aligned.tolist(),
+    row_offsets, members = plan_rows_flat(
+        aligned,
         row_budget(config.row, config.policy),
         min_fill=config.min_fill,
-        vision=measurement.vision[kept].tolist(),
-        media=measurement.media[kept].tolist(),
+        vision=measurement.vision[kept],
+        media=measurement.media[kept],
     )
-    return PackPlan.from_rows(
-        [kept[row].tolist() for row in rows],
+    return PackPlan.from_csr(
+        row_offsets,
+        kept[members],
         measurement.tokens,
         fingerprint=fingerprint,
         samples_in=measurement.samples_in,

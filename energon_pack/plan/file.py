@@ -174,15 +174,36 @@ class PackPlan:
         Example: shards ``[["a.tar", 2, 10], ["b.tar", 2, 10]]``, rows ``[[3, 0], [1]]`` ->
         member_shard ``[1, 0, 0]``, member_index ``[1, 0, 1]``, row_offsets ``[0, 2, 3]``.
         """
+        flat = np.array([i for row in rows for i in row], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum([len(row) for row in rows], dtype=np.int64)]).astype(np.int64)
+        return cls.from_csr(offsets, flat, tokens, fingerprint=fingerprint, samples_in=samples_in, skipped=skipped)
+
+    @classmethod
+    def from_csr(
+        cls,
+        row_offsets: np.ndarray,
+        members: np.ndarray,
+        tokens: np.ndarray,
+        *,
+        fingerprint: dict[str, Any],
+        samples_in: int,
+        skipped: Mapping[str, int],
+    ) -> PackPlan:
+        """:meth:`from_rows` for rows given as CSR arrays of global sample indices: row ``r`` is
+        ``members[row_offsets[r]:row_offsets[r + 1]]`` (no Python list per sample).
+
+        Example: shards ``[["a.tar", 2, 10], ["b.tar", 2, 10]]``, offsets ``[0, 2, 3]``, members
+        ``[3, 0, 1]`` -> member_shard ``[1, 0, 0]``, member_index ``[1, 0, 1]``.
+        """
         counts = np.array([count for _, count, _ in fingerprint["dataset"]["shards"]], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(counts)])
-        flat = np.array([i for row in rows for i in row], dtype=np.int64)
+        flat = np.asarray(members, dtype=np.int64)
         if len(flat) and (flat.min() < 0 or flat.max() >= starts[-1]):
             raise ValueError(f"sample indices must lie in [0, {starts[-1]}), the split's samples")
         shard = np.searchsorted(starts, flat, side="right") - 1
         return cls(
             fingerprint=fingerprint,
-            row_offsets=np.concatenate([[0], np.cumsum([len(row) for row in rows], dtype=np.int64)]).astype(np.int64),
+            row_offsets=np.asarray(row_offsets, dtype=np.int64),
             member_shard=shard.astype(np.int32),
             member_index=(flat - starts[shard]).astype(np.int32),
             member_tokens=np.asarray(tokens, dtype=np.int64)[flat].astype(np.int32),

@@ -38,7 +38,7 @@ from energon_pack.identity import (
 )
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
 from energon_pack.plan.build import dataset_fingerprint, open_split
-from energon_pack.plan.file import PackPlan
+from energon_pack.plan.file import MappedPlan, PackPlan, open_plan
 from energon_pack.runtime.stats import PackingStats, aggregate_stats
 
 __all__ = ["PlanDataLoader", "PlanLoaderState", "check_plan_matches", "plan_data_loader"]
@@ -64,7 +64,7 @@ class PlanLoaderState:
 
 
 def check_plan_matches(
-    plan: PackPlan, path: Any, split: str, encoder: Any, config: PackingConfig
+    plan: PackPlan | MappedPlan, path: Any, split: str, encoder: Any, config: PackingConfig
 ) -> None:
     """Raise ``ResumeMismatchError`` naming every field where ``plan`` was built for something else
     (dataset shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
@@ -79,7 +79,7 @@ class PlanRowSource:
     DataLoader worker), with a worker config matching that process.
     """
 
-    def __init__(self, plan: PackPlan, path: Any, split: str, encoder: Any, *, seed: int) -> None:
+    def __init__(self, plan: PackPlan | MappedPlan, path: Any, split: str, encoder: Any, *, seed: int) -> None:
         self.plan = plan
         self.path = path
         self.split = split
@@ -328,7 +328,7 @@ class PlanDataLoader:
 
 def plan_data_loader(
     path: Any,
-    plan: PackPlan | str | os.PathLike[str],
+    plan: PackPlan | MappedPlan | str | os.PathLike[str],
     config: PackingConfig,
     encoder: Any,
     *,
@@ -354,7 +354,7 @@ def plan_data_loader(
             f"mode={config.mode!r}: a pack plan fixes each row's samples in advance, so it cannot be combined "
             "with in-batch rows; fix: set mode: online (the plan replaces online selection) or drop plan="
         )
-    plan = plan if isinstance(plan, PackPlan) else PackPlan.load(plan)
+    plan = plan if isinstance(plan, (PackPlan, MappedPlan)) else open_plan(plan)
     check_plan_matches(plan, path, split, encoder, config)
     if plan.num_rows == 0:
         raise ValueError(

@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate", "fill and vision patches per row of our bin selection vs first-fit-decreasing per buffer"
     )
     simulate.add_argument(
-        "--dataset", type=Path, default=None, help="prepared dataset (default: the built-in reference mix)"
+        "--dataset", type=str, default=None, help="prepared dataset, a folder or msc://profile/path (default: the built-in reference mix)"
     )
     simulate.add_argument("--samples", type=int, default=4000, help="samples of the reference mix")
     simulate.add_argument(
@@ -181,12 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
     bench.add_argument(
-        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "all"), default="all", help="which benchmark to run"
+        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     bench.add_argument("--out", type=Path, default=None, help="working folder (default: $ENERGON_PACK_CACHE/bench or ~/.cache/energon_pack/bench)")
-    loader = bench.add_argument_group("loader stage (ours vs the eager HF-processor + FFD design)")
-    loader.add_argument("--dataset", type=Path, default=None, help="prepared dataset (default: the bench mix of --samples)")
+    loader = bench.add_argument_group("loader stage (ours vs the eager HF-processor + FFD design) and plan stage (--dataset, --seq-length, --workers)")
+    loader.add_argument("--dataset", type=str, default=None, help="prepared dataset, a folder or msc://profile/path (default: the bench mix of --samples)")
     loader.add_argument("--seq-length", type=int, default=8192, help="row width W in tokens")
     loader.add_argument(
         "--buffer-sizes", type=comma_separated_ints, default="16,64,256", help="buffer sizes, comma-separated"
@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_cmd_bench)
 
     plan = command("plan", "pack a whole split once (header-only), for a deterministic, elastic loader")
-    plan.add_argument("dataset", type=Path, help="prepared dataset (one WebDataset folder)")
+    plan.add_argument("dataset", type=str, help="prepared dataset (one WebDataset folder, or msc://profile/path)")
     plan.add_argument("--config", type=Path, required=True, help="packing config YAML (seq_length, alignment, ...)")
     plan.add_argument("--processor", default=None, help="processor path or hub id (default: the offline Qwen2.5-VL one)")
     plan.add_argument("--out", type=Path, required=True, help="plan file to write")
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(func=_cmd_plan)
 
     inspect = command("inspect", "summarise a prepared dataset: samples, media, token lengths, bad samples")
-    inspect.add_argument("dataset", type=Path, help="prepared dataset folder (the --out of prepare)")
+    inspect.add_argument("dataset", type=str, help="prepared dataset folder (the --out of prepare), or msc://profile/path")
     inspect.add_argument("--split", default="train", help="split to read")
     inspect.add_argument("--limit", type=int, default=None, help="read at most this many samples (default: all)")
     inspect.set_defaults(func=_cmd_inspect)

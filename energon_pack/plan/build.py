@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from typing import Any, Optional
 import numpy as np
 
 from energon_pack.config import PackingConfig
+from energon_pack.errors import UsageError
 from energon_pack.identity import encoder_fingerprint, plan_fingerprint, split_fingerprint
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.global_plan import plan_rows_flat
@@ -35,6 +37,7 @@ __all__ = [
     "dataset_fingerprint",
     "measure_split",
     "plan_measurement",
+    "synthetic_shards",
     "webdataset_index",
 ]
 
@@ -244,12 +247,31 @@ def plan_report(plan: PackPlan, *, seq_length: int, seconds: float, path: Path |
     return rows
 
 
+def config_from_cli(path: str | os.PathLike[str]) -> PackingConfig:
+    """The packing config YAML given as ``--config``; a missing or invalid file is a one-line
+    ``UsageError`` naming the file and the fix.
+
+    Example: ``config_from_cli("missing.yaml")`` -> UsageError("--config 'missing.yaml' does not exist; fix: ...").
+    """
+    if not os.path.isfile(path):
+        raise UsageError(
+            f"--config {os.fspath(path)!r} does not exist; fix: pass a packing config YAML (e.g. "
+            "configs/qwen25vl_8k.yaml) or write one holding at least 'seq_length: 8192'"
+        )
+    try:
+        return PackingConfig.from_yaml(path)
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"--config {' '.join(str(err).split())}") from err
+
+
 def run_plan(args: Any) -> int:
     """``energon-pack plan DATASET --config packing.yaml [--processor PATH] --out PLAN``."""
-    from energon_pack.qwen.processor import load_processor
+    from energon_pack.core.dataset_path import check_dataset_path
     from energon_pack.core.tables import format_table
+    from energon_pack.qwen.processor import load_processor
 
-    config = PackingConfig.from_yaml(args.config)
+    check_dataset_path(args.dataset, split=args.split)
+    config = config_from_cli(args.config)
     processor = load_processor(args.processor) if args.processor else load_processor()
     start = time.perf_counter()
     plan = build_plan(args.dataset, config, processor, split=args.split, num_workers=args.workers)
@@ -258,6 +280,19 @@ def run_plan(args: Any) -> int:
     print(f"plan written to {args.out} (digest {plan.digest[:16]})")
     return 0
 
+
+
+def synthetic_shards(num_samples: int, samples_per_shard: int = 1000) -> list[list[Any]]:
+    """A shard table for ``num_samples`` samples in shards of ``samples_per_shard`` (0 bytes each),
+    standing for a dataset in plan benchmarks.
+
+    Example: ``synthetic_shards(2500)`` -> ``[["shards/data-000000.tar", 1000, 0], [..., 1000, 0],
+    ["shards/data-000002.tar", 500, 0]]``.
+    """
+    return [
+        [f"shards/data-{i:06d}.tar", min(samples_per_shard, num_samples - start), 0]
+        for i, start in enumerate(range(0, num_samples, samples_per_shard))
+    ]
 
 
 def lengths_plan_table(
@@ -270,10 +305,9 @@ def lengths_plan_table(
     """
     import tempfile
 
-    shards = [
-        [f"shards/data-{i:06d}.tar", min(samples_per_shard, len(lengths) - start), 0]
-        for i, start in enumerate(range(0, len(lengths), samples_per_shard))
-    ]
+    from energon_pack.plan.file import open_plan
+
+    shards = synthetic_shards(len(lengths), samples_per_shard)
     table = []
     for width in widths:
         config = PackingConfig(seq_length=width, min_fill=min_fill)
@@ -290,7 +324,7 @@ def lengths_plan_table(
             plan.save(path)
             size = path.stat().st_size
             start = time.perf_counter()
-            PackPlan.load(path)
+            open_plan(path).global_indices(0)
             loaded = time.perf_counter() - start
         table.append({
             "W": width,

@@ -16,17 +16,7 @@ from energon_pack.packing.algorithms import PackItem, RowBudget, _check_budget, 
 def best_fit_decreasing(
     lengths: Sequence[int], budget: RowBudget, *, vision: Sequence[int] | None = None, media: Sequence[int] | None = None
 ) -> list[list[int]]:
-    """Best-fit-decreasing bin packing within ``budget``; returns bins of positions into ``lengths``.
-
-    Items are taken longest first (equal lengths by position) and placed in the open bin
-    with the least token room that still holds them within every limit (``budget.segments``,
-    and ``budget.vision_patches`` / ``budget.media`` over the items' ``vision`` / ``media``;
-    ties: the bin opened first); a bin closes when it has no token or segment room left. Bins
-    are in creation order, positions within a bin ascending. O(n log n) without vision limits.
-
-    Example: ``best_fit_decreasing([3, 5, 2, 4], RowBudget(tokens=7))`` -> ``[[1, 2], [0, 3]]``
-    (5 opens bin 0, 4 opens bin 1, 3 fits bin 1 exactly, 2 fits bin 0 exactly).
-    """
+    """The reference best-fit decreasing: one sorted ``(room, bin)`` list, scanned per item."""
     _check_items_fit(lengths, budget, vision, media)
     vision = [0] * len(lengths) if vision is None else vision
     media = [0] * len(lengths) if media is None else media
@@ -62,25 +52,9 @@ def best_fit_decreasing(
 
 
 def plan_rows(
-    lengths: Sequence[int],
-    budget: RowBudget,
-    *,
-    min_fill: float,
-    vision: Sequence[int] | None = None,
-    media: Sequence[int] | None = None,
+    lengths: Sequence[int], budget: RowBudget, *, min_fill: float, vision: Sequence[int] | None = None, media: Sequence[int] | None = None
 ) -> list[list[int]]:
-    """Pack every item into rows within ``budget``; returns rows of positions into ``lengths``.
-
-    Best-fit decreasing first; rows filled below ``min_fill`` are dissolved and packed again
-    by exact subset-sum (each row seeded with the longest remaining item and completed as
-    tightly as possible: :func:`select_bins` in a flush round). The refined packing replaces
-    them when it needs no more rows. Rows are ordered by their smallest position, positions
-    within a row ascending; the result depends only on the arguments.
-
-    Example: ``plan_rows([4, 8, 6, 11, 6, 19, 2, 17, 5, 11, 1, 6], RowBudget(tokens=20), min_fill=0.9)``
-    -> 5 rows ``[[0, 8, 9], [1, 3], [2, 4, 11], [5, 10], [6, 7]]``, where best-fit
-    decreasing alone needs 6.
-    """
+    """The reference plan: best-fit decreasing, then ``select_bins`` over the loose rows."""
     bins = best_fit_decreasing(lengths, budget, vision=vision, media=media)
     threshold = min_fill * budget.tokens
     loose = [b for b in bins if sum(lengths[i] for i in b) < threshold]

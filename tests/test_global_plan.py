@@ -18,7 +18,7 @@ from energon_pack.packing.global_plan import (
     rank_positions,
     rows_to_lists,
 )
-from energon_pack.packing.simulate import reference_length_mix, simulate_ffd_per_buffer, simulate_stream
+from energon_pack.packing.simulate import reference_length_mix, reference_mix, simulate_ffd_per_buffer, simulate_stream
 from tests import global_plan_reference as reference
 
 # ---------------------------------------------------------------- planning: golden cases
@@ -176,6 +176,17 @@ def test_a_realistic_mix_gives_the_reference_rows_at_20k_samples():
     lengths = -(-np.minimum(8192, np.maximum(1, rng.lognormal(7.0, 1.0, 20_000).astype(np.int64))) // 64) * 64
     budget = RowBudget(tokens=8192)
     assert plan_rows(lengths, budget, min_fill=0.97) == reference.plan_rows(lengths.tolist(), budget, min_fill=0.97)
+
+
+def test_a_vision_and_media_limited_mix_gives_the_reference_bins_and_rows():
+    """The pruned scan (per-room bounds of vision and media room) on the reference mix."""
+    mix = [s for s in reference_mix(5000, seed=3) if s.tokens <= 8192 and s.vision_patches <= 12000 and s.media <= 4]
+    lengths = [-(-s.tokens // 64) * 64 for s in mix]
+    counts = {"vision": [s.vision_patches for s in mix], "media": [s.media for s in mix]}
+    budget = RowBudget(tokens=8192, vision_patches=12000, media=4)
+    assert best_fit_decreasing(lengths, budget, **counts) == reference.best_fit_decreasing(lengths, budget, **counts)
+    few = {name: values[:1500] for name, values in counts.items()}
+    assert plan_rows(lengths[:1500], budget, min_fill=0.97, **few) == reference.plan_rows(lengths[:1500], budget, min_fill=0.97, **few)
 
 
 def test_the_count_limited_refinement_gives_the_reference_rows(monkeypatch):

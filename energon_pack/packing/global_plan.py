@@ -25,8 +25,9 @@ structures):
   heap pop. With a token-only budget the equal-length items of a run are placed in one step
   per bin touched: the best-fit bin stays the best fit until its room drops below L (every
   other bin with room >= L has more room), so it takes ``min(room // L, segments left, items
-  left)`` of the run at once. With a vision or media limit each item scans the rooms upwards
-  and, per room, the bins by id (exact, one step per item and bin looked at).
+  left)`` of the run at once. With a vision or media limit each item scans the rooms upwards,
+  skipping a room whose bound on its bins' vision / media room cannot hold the item, and, per
+  room, the bins by id (exact, but one step per item and bin looked at: not fast).
 * **Refinement** (token-only budget): the loose rows' items are kept per length, indices
   ascending; each row is seeded with the longest (lowest index) item and completed by the
   online selection's subset-sum fed lazily with just the items its ``_useful`` filter keeps,
@@ -298,11 +299,17 @@ def _bfd_tokens(sorted_len: np.ndarray, budget: RowBudget) -> np.ndarray:
 
 def _bfd_limited(sorted_len: np.ndarray, sorted_vision: np.ndarray, sorted_media: np.ndarray, budget: RowBudget) -> np.ndarray:
     """Best-fit decreasing with a vision and/or media limit: per item, rooms upwards, bins by id
-    within a room (the first bin that holds the item's patches and media)."""
+    within a room (the first bin that holds the item's patches and media).
+
+    Pruned, still exact: each room's bucket keeps an upper bound of its bins' vision and media
+    room (raised on insert, made exact by a scan that finds no fit), and a bucket whose bound
+    cannot hold the item is skipped without looking at its bins.
+    """
     n = len(sorted_len)
     out = np.empty(n, dtype=np.int64)
     check_vision, check_media = budget.vision_patches is not None, budget.media is not None
     buckets: dict[int, list[int]] = {}  # token room -> open bin ids, ascending
+    bound: dict[int, list[int]] = {}  # token room -> [vision room, media room] >= those of its bins
     nonempty = 0
     vision_room: list[int] = []
     media_room: list[int] = []
@@ -313,19 +320,23 @@ def _bfd_limited(sorted_len: np.ndarray, sorted_vision: np.ndarray, sorted_media
         while above:
             low = (above & -above).bit_length() - 1
             room = base + low
+            above >>= low + 1
+            base = room + 1
+            limit = bound[room]
+            if (check_vision and v > limit[0]) or (check_media and m > limit[1]):
+                continue
             ids = buckets[room]
             for k, b in enumerate(ids):
                 if (not check_vision or v <= vision_room[b]) and (not check_media or m <= media_room[b]):
                     found = b
                     del ids[k]
                     if not ids:
-                        del buckets[room]
+                        del buckets[room], bound[room]
                         nonempty ^= 1 << room
                     break
             if found >= 0:
                 break
-            above >>= low + 1
-            base = room + 1
+            bound[room] = [max(vision_room[b] for b in ids), max(media_room[b] for b in ids)]
         if found < 0:
             found, room = len(count), budget.tokens
             vision_room.append(budget.vision_patches or 0)
@@ -339,8 +350,11 @@ def _bfd_limited(sorted_len: np.ndarray, sorted_vision: np.ndarray, sorted_media
         if room > 0 and (budget.segments is None or count[found] < budget.segments):
             if room in buckets:
                 bisect.insort(buckets[room], found)
+                limit = bound[room]
+                limit[0], limit[1] = max(limit[0], vision_room[found]), max(limit[1], media_room[found])
             else:
                 buckets[room] = [found]
+                bound[room] = [vision_room[found], media_room[found]]
                 nonempty |= 1 << room
     return out
 

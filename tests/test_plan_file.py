@@ -203,3 +203,11 @@ def test_sample_misfit_names_the_limit_or_raises():
     strict = PackingConfig(seq_length=8192, on_overlong="error")
     with pytest.raises(ValueError, match="every sample must fit one row"):
         sample_misfit(Prepared(9000), row_budget(strict.row, strict.policy), strict.row, strict.policy)
+
+
+def test_a_plan_without_rows_round_trips_in_format_2(tmp_path):
+    plan = plan_measurement(measured([UNMEASURED] * 3, skipped={"overlong": 3}), PackingConfig(seq_length=10), fingerprint([["a.tar", 3, 1]]))
+    assert plan.num_rows == 0
+    plan.save(tmp_path / "plan")
+    opened = open_plan(tmp_path / "plan", verify="full")
+    assert opened.num_rows == 0 and opened.skipped == {"overlong": 3} and opened.digest == plan.digest

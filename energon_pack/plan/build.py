@@ -465,7 +465,9 @@ def lengths_plan_table(
             plan.save(path)
             size = path.stat().st_size
             start = time.perf_counter()
-            open_plan(path).global_indices(0)
+            opened = open_plan(path)
+            if opened.num_rows:
+                opened.global_indices(0)
             loaded = time.perf_counter() - start
         table.append({
             "W": width,

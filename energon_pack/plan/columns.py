@@ -95,7 +95,8 @@ def write_columns(path: str | os.PathLike[str], meta: Any, arrays: Mapping[str, 
     for name, array in prepared.items():
         relative[name] = position
         position += -(-array.nbytes // ALIGN) * ALIGN
-    start = ALIGN
+    draft = json.dumps({"meta": meta, "chunk_bytes": CHUNK_BYTES, "arrays": entries, "digest": digest}, sort_keys=True)
+    start = -(-(16 + len(draft.encode("utf-8"))) // ALIGN) * ALIGN  # the offsets' digits may still add a page
     while True:  # offsets are absolute, so the data start depends on the header length
         for name in prepared:
             entries[name]["offset"] = start + relative[name]

@@ -124,7 +124,8 @@ def bench_plan(num_samples: int, work_dir: Path, options: PlanBenchOptions | Non
         del plan
         start = time.perf_counter()
         opened = open_plan(path)
-        opened.global_indices(0)
+        if opened.num_rows:
+            opened.global_indices(0)
         rows.append({"metric": "open + first row (s)", "value": f"{time.perf_counter() - start:.3f}"})
         start = time.perf_counter()
         for row in range(0, opened.num_rows, READ_RANKS):

@@ -19,7 +19,7 @@ COMPAT_CONSTRAINTS := constraints/compat-py312.txt
 PYTHON312 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
 # Golden tests on a fifth of each golden mix (the main run checks all of it on transformers 5.24).
 COMPAT_GOLDEN_FRACTION := 0.2
-COMPAT_TESTS := tests/test_rope.py tests/test_geometry.py tests/test_processor.py \
+COMPAT_TESTS := tests/test_rope.py tests/test_geometry.py tests/test_processor.py tests/test_qwen35.py \
 	tests/test_preencode.py::test_preencode_equals_hf_processor \
 	tests/test_preencode.py::test_preencode_equals_hf_processor_with_custom_limits \
 	tests/test_postencode.py::test_postencode_pixels_equal_hf_processor \

@@ -198,8 +198,9 @@ def split_fingerprint(factory: Any, split: str) -> dict[str, Any]:
 
 
 def packing_fingerprint(config: PackingConfig) -> dict[str, Any]:
-    """The config fields that decide which rows a plan holds (not how they are read or built)."""
-    return {
+    """The config fields that decide which rows a plan holds (not how they are read or built);
+    the cost model only with ``balance_steps`` (so plans built before it keep their digest)."""
+    values = {
         "seq_length": config.seq_length,
         "pad_multiple": config.pad_multiple,
         "max_segments": config.max_segments,
@@ -208,6 +209,11 @@ def packing_fingerprint(config: PackingConfig) -> dict[str, Any]:
         "max_row_vision_patches": config.max_row_vision_patches,
         "max_row_media": config.max_row_media,
     }
+    if config.policy.balance_steps:
+        values.update(
+            balance_steps=True, cost_model=config.policy.cost_model, frozen_vision=config.policy.frozen_vision
+        )
+    return values
 
 
 def plan_fingerprint(dataset: Mapping[str, Any], encoder: Mapping[str, Any], config: PackingConfig) -> dict[str, Any]:
@@ -220,10 +226,15 @@ def flat_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
     return {f"{part}.{name}": value for part, values in fingerprint.items() for name, value in values.items()}
 
 
-def plan_loader_fingerprint(plan_digest: str, config: PackingConfig, *, repeat: bool) -> dict[str, Any]:
+def plan_loader_fingerprint(
+    plan_digest: str, config: PackingConfig, *, repeat: bool, balanced: bool = False
+) -> dict[str, Any]:
     """What a plan loader's rows depend on besides the plan: its digest, the seed of the row order,
-    and the row-building settings a plan leaves open."""
+    the row-building settings a plan leaves open and, when it deals balanced steps, the cost
+    window (the step size is checked by the balanced resume rule, not here)."""
+    window = {"balance_window_steps": config.policy.balance_window_steps} if balanced else {}
     return {
+        **window,
         "plan": plan_digest,
         "seed": config.seed,
         "repeat": repeat,

@@ -138,7 +138,8 @@ class PackingDataLoader(SavableDataLoader):
         self.close()
 
     def stats(self) -> dict[str, Any]:
-        """Aggregated statistics of this rank's workers (latest snapshot each), skips by reason.
+        """Aggregated statistics of this rank's workers (latest snapshot each), skips by reason,
+        and the model ``family`` the rows are encoded for (e.g. ``"qwen3.5"``).
 
         Per worker the most advanced of the snapshot its last consumed row carried and the one it
         published (which includes skips after its last row, and may be a little ahead of the
@@ -151,6 +152,7 @@ class PackingDataLoader(SavableDataLoader):
         report["worker_peak_rss_bytes"] = max((s.get("peak_rss_bytes", 0) for s in snapshots), default=0)
         report["buffered_samples"] = sum(s.get("buffered_samples", 0) for s in snapshots)
         report["buffered_bytes"] = sum(s.get("buffered_bytes", 0) for s in snapshots)
+        report["family"] = self.fingerprint["vision.family"]
         return report
 
     def save_state_rank(self) -> PackingLoaderState:

@@ -26,6 +26,29 @@ def processor_qwen3():
 
 
 @pytest.fixture(scope="session")
+def processor_qwen35():
+    """The offline Qwen3.5 / Qwen3.6 processor (first build ~20 s, then cached on disk)."""
+    from energon_pack.qwen.processor import load_processor
+
+    return load_processor(family="qwen3.5")
+
+
+@pytest.fixture(scope="session")
+def processor_qwen35_saved(processor_qwen35, tmp_path_factory):
+    """The offline Qwen3.5 processor saved as a Hugging Face folder beside a ``qwen3_5_moe``
+    config.json, loaded back with ``load_processor(folder)``: transformers then rebuilds its own
+    ``Qwen3_5Tokenizer`` from the folder's vocabulary, as for a released checkpoint."""
+    from transformers import Qwen3_5MoeConfig
+
+    from energon_pack.qwen.processor import load_processor
+
+    folder = tmp_path_factory.mktemp("qwen35_saved")
+    processor_qwen35.save_pretrained(folder)
+    Qwen3_5MoeConfig().save_pretrained(folder)
+    return load_processor(folder)
+
+
+@pytest.fixture(scope="session")
 def synthetic_dataset(tmp_path_factory):
     """A prepared synthetic dataset of 40 mixed samples (images, videos, multi-turn text)."""
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset

@@ -31,7 +31,7 @@ from energon_pack.data.synthetic import IMAGE_KINDS, encode_image, encode_video
 #: (``make test-compat``, a second transformers release) checks a prefix of every mix.
 GOLDEN_FRACTION = float(os.environ.get("ENERGON_PACK_GOLDEN_FRACTION", "1"))
 #: Resize factor (patch * merge) per family; sizes near its multiples exercise the rounding.
-FAMILY_FACTORS = {"qwen2-vl": 28, "qwen2.5-vl": 28, "qwen3-vl": 32}
+FAMILY_FACTORS = {"qwen2-vl": 28, "qwen2.5-vl": 28, "qwen3-vl": 32, "qwen3.5": 32}
 #: Source frame rates of the generated videos (frames/s); 30000/1001 is NTSC 29.97.
 VIDEO_RATES: tuple[Fraction, ...] = tuple(map(Fraction, (10, 12, 24, 25, 30, 50, 60))) + (Fraction(30000, 1001),)
 MIN_IMAGE_SIDE = 28
@@ -139,15 +139,31 @@ def _conversation(rng: np.random.Generator, num_images: int, num_videos: int) ->
     return messages
 
 
+def _add_reasoning(rng: np.random.Generator, messages: list[Message]) -> None:
+    """Give about half the assistant turns a ``reasoning_content`` (sometimes wrapped in newlines,
+    which the Qwen3.5 template strips); the others keep none (non-thinking SFT data)."""
+    for message in messages:
+        if message["role"] == "assistant" and rng.random() < 0.5:
+            wrap = str(rng.choice(["", "\n"]))
+            message["reasoning_content"] = wrap + _text(rng, 1, 30) + wrap
+
+
 def golden_sample(rng: np.random.Generator, *, family: str) -> GoldenSample:
-    """One sample of the mix: 15% text only, 45% images, 25% videos, 15% images and videos."""
+    """One sample of the mix: 15% text only, 45% images, 25% videos, 15% images and videos.
+
+    Qwen3.5 samples also carry assistant reasoning (``_add_reasoning``), drawn after everything
+    else, so the other families' mixes do not change.
+    """
     factor = FAMILY_FACTORS[family]
     kind = rng.choice(["text", "images", "videos", "both"], p=[0.15, 0.45, 0.25, 0.15])
     num_images = int(rng.choice([1, 1, 1, 2, 3, 4, 5])) if kind in ("images", "both") else 0
     num_videos = int(rng.choice([1, 1, 1, 2])) if kind in ("videos", "both") else 0
     images = [make_image(rng, factor) for _ in range(num_images)]
     videos = [make_video(rng) for _ in range(num_videos)]
-    return GoldenSample(_conversation(rng, num_images, num_videos), images, videos)
+    messages = _conversation(rng, num_images, num_videos)
+    if family == "qwen3.5":
+        _add_reasoning(rng, messages)
+    return GoldenSample(messages, images, videos)
 
 
 #: (height, width, format, mode) of the corner-case images every mix starts with.
@@ -189,8 +205,8 @@ def golden_samples(n: int, seed: int, *, family: str) -> list[GoldenSample]:
     """``n`` deterministic samples: the two ``corner_samples``, then random ones (sample i depends
     only on (seed, i), so prefixes are stable).
 
-    ``family`` ("qwen2-vl", "qwen2.5-vl" or "qwen3-vl") picks the resize factor whose multiples
-    the boundary-case image sizes sit on.
+    ``family`` ("qwen2-vl", "qwen2.5-vl", "qwen3-vl" or "qwen3.5") picks the resize factor whose
+    multiples the boundary-case image sizes sit on.
     """
     if family not in FAMILY_FACTORS:
         raise ValueError(f"family={family!r} is unknown; use one of {tuple(FAMILY_FACTORS)}")

@@ -26,6 +26,9 @@ from transformers.video_utils import VideoMetadata
 
 from energon_pack.qwen.geometry import VisionSpec, sample_frame_indices
 
+#: The tests/conftest.py fixture holding each family's offline processor.
+PROCESSOR_FIXTURES = {"qwen2.5-vl": "processor", "qwen3-vl": "processor_qwen3", "qwen3.5": "processor_qwen35"}
+
 
 def decoded_video(data: bytes) -> tuple[np.ndarray, float]:
     """Every frame of the first video stream as RGB uint8 [T, H, W, 3], and its average rate (frames/s)."""

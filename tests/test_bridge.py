@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from energon_pack.bridge import PackingIterator, check_bridge_config
+from energon_pack.bridge.checks import gdn_problems
 from energon_pack.config import ConfigError, PackingConfig, ParallelTopology
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
@@ -147,7 +148,7 @@ def test_bridge_config_that_fits_passes():
         ({"model.sequence_parallel": False}, ["topology.sp=True", "set topology.sp: False"]),
         ({"model.seq_length": W // 2}, [f"cfg.model.seq_length={W // 2}", f"seq_length={W}"]),
         ({"train.global_batch_size": 6}, ["global_batch_size=6"]),
-        ({"model.mtp_num_layers": 1}, ["mtp_num_layers=1"]),
+        ({"model.mtp_num_layers": 1}, ["cfg.model.mtp_num_layers=1", "set cfg.model.mtp_num_layers = None"]),
     ],
 )
 def test_bridge_config_violations_are_named_with_their_fix(changes, fragments):
@@ -156,6 +157,45 @@ def test_bridge_config_violations_are_named_with_their_fix(changes, fragments):
     assert len(caught.value.problems) == 1, caught.value.problems
     for fragment in fragments:
         assert fragment in str(caught.value)
+
+
+#: Fields of Megatron-Bridge 0.6.2's Qwen35VLModelProvider (dense) / Qwen35VLMoEModelProvider at
+#: their defaults that the checks read or that mark the model (Bridge is not importable here).
+QWEN35_PROVIDER = dict(
+    experimental_attention_variant="gated_delta_net", linear_attention_freq=4, deterministic_mode=False,
+    attention_output_gate=True, layernorm_zero_centered_gamma=True, mrope_section=[11, 11, 10], rotary_percent=0.25,
+    patch_size=16, spatial_merge_size=2, temporal_patch_size=2, image_token_id=248056, video_token_id=248057,
+    vision_start_token_id=248053, vision_end_token_id=248054, seq_length=262144, mtp_num_layers=None,
+    calculate_per_token_loss=False, cuda_graph_impl="none", pipeline_model_parallel_size=1,
+)
+
+
+def qwen35_config(**model: Any) -> types.SimpleNamespace:
+    """A Bridge-shaped config whose cfg.model is a Qwen3.5 provider set up for packed rows (per-token
+    loss on, the packing topology), with ``model`` changes on top."""
+    cfg = bridge_like_config()
+    cfg.model = types.SimpleNamespace(**{
+        **QWEN35_PROVIDER, **{k: v for k, v in vars(cfg.model).items() if k not in QWEN35_PROVIDER},
+        "calculate_per_token_loss": True, **model,
+    })
+    return cfg
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_qwen35_provider_passes_and_its_converted_settings_are_named(moe):
+    model = {"num_moe_experts": 256, "moe_router_topk": 8} if moe else {}
+    assert check_bridge_config(qwen35_config(**model), PACKING) is None
+    with pytest.raises(ConfigError) as caught:  # as AutoBridge converts a released checkpoint, plus determinism
+        check_bridge_config(qwen35_config(**model, mtp_num_layers=1, deterministic_mode=True), PACKING)
+    problems = caught.value.problems
+    assert len(problems) == 2, problems
+    assert "set cfg.model.mtp_num_layers = None after bridge.to_megatron_provider()" in problems[0]
+    assert "Qwen3.5" in problems[0] and "set cfg.model.deterministic_mode = False" in problems[1]
+
+
+def test_deterministic_mode_is_a_gdn_rule_only():
+    assert list(gdn_problems(types.SimpleNamespace(deterministic_mode=True))) == []
+    assert check_bridge_config(bridge_like_config(**{"model.deterministic_mode": True}), PACKING) is None
 
 
 def test_every_violation_is_listed_at_once():
@@ -176,3 +216,20 @@ def test_config_without_a_packing_provider_asks_for_the_packing_config():
 def test_provider_without_bridge_names_the_extra():
     with pytest.raises(ImportError, match=r"pip install 'energon-pack\[bridge\]'"):
         from energon_pack.bridge import PackingDatasetProvider  # noqa: F401
+
+
+def test_bridge_sets_micro_batches_per_step_from_its_sizes():
+    from energon_pack.bridge.checks import with_step_size
+
+    packing = with_step_size(PACKING, global_batch_size=64, micro_batch_size=1, data_parallel_size=4)
+    assert packing.trainer.micro_batches_per_step == 16
+    assert packing.row == PACKING.row and packing.policy == PACKING.policy and packing.loader == PACKING.loader
+    with pytest.raises(ValueError, match="global_batch_size=60 is not a multiple .* fix: set the global batch to a multiple of 8"):
+        with_step_size(PACKING, global_batch_size=60, micro_batch_size=1, data_parallel_size=8)
+
+
+def test_provider_global_batch_must_match_bridges():
+    cfg = bridge_like_config()
+    cfg.dataset = types.SimpleNamespace(packing=PACKING, global_batch_size=cfg.train.global_batch_size * 2)
+    with pytest.raises(ConfigError, match="cfg.dataset.global_batch_size = cfg.train.global_batch_size"):
+        check_bridge_config(cfg)

@@ -113,3 +113,17 @@ def test_a_missing_msc_dataset_is_one_line(tmp_path, capsys, monkeypatch):
     assert "msc://local/nope" in line and "does not exist" in line
     line = one_line_error(capsys, ["inspect", "msc://no_such_profile/ds"])
     assert "msc://no_such_profile/ds" in line and "MSC_CONFIG" in line
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--dp", "8,x"], ["--dp", "comma-separated"]),
+        (["--dp", "8", "--micro-batches", "0"], ["--micro-batches", "positive"]),
+        (["--dp", "8", "--cost-model", "llama-7b"], ["--cost-model 'llama-7b'", "qwen2.5-vl-7b"]),
+        (["--dp", "8", "--seq-length", "0"], ["--seq-length 0", "--seq-length 8192"]),
+    ],
+)
+def test_simulate_step_table_bad_values(capsys, argv, fragments):
+    line = one_line_error(capsys, ["simulate", "--samples", "50", *argv])
+    assert all(fragment in line for fragment in fragments), line

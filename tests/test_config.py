@@ -220,7 +220,7 @@ def test_every_yaml_is_a_packing_config_or_a_known_energon_config() -> None:
 
 def test_shipped_configs_exist() -> None:
     names = {path.name for path in CONFIG_FILES}
-    assert {"qwen25vl_8k.yaml", "qwen3vl_moe_16k_cp2.yaml", "qwen25vl_8k_cudagraph.yaml"} <= names
+    assert {"qwen25vl_8k.yaml", "qwen3vl_moe_16k_cp2.yaml", "qwen25vl_8k_cudagraph.yaml", "qwen35_moe_16k.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
@@ -495,7 +495,9 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
     # buffer_tokens enters only when set (states saved before it existed still resume).
     # buffer_tokens and fast_jpeg_decode enter only when set (see test_optional_knobs_enter_the_fingerprint_when_set).
     unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens",
-                       "fast_jpeg_decode", "max_consecutive_skips", "timeout"}
+                       "fast_jpeg_decode", "max_consecutive_skips", "timeout",
+                       # balanced steps change no online row; a balanced plan records them (packing_fingerprint)
+                       "cost_model", "frozen_vision", "balance_steps", "balance_window_steps"}
     part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}
     assert set(config.fingerprint()) == part_keys - unfingerprinted | {"pad_multiple"}
 
@@ -560,3 +562,22 @@ def test_optional_knobs_enter_the_fingerprint_when_set() -> None:
     assert PackingConfig(seq_length=8192, fast_jpeg_decode=True).fingerprint()["fast_jpeg_decode"] is True
     with pytest.raises(ValueError, match="fast_jpeg_decode='yes': must be a boolean"):
         PackingConfig(seq_length=8192, fast_jpeg_decode="yes")
+
+
+def test_balanced_steps_knobs() -> None:
+    from energon_pack.identity import packing_fingerprint
+
+    plain = PackingConfig(seq_length=8192)
+    costed = PackingConfig(seq_length=8192, cost_model="qwen2.5-vl-7b")
+    assert packing_fingerprint(costed) == packing_fingerprint(plain)  # old plans keep their digest
+    balanced = PackingConfig(seq_length=8192, cost_model="qwen2.5-vl-7b", balance_steps=True, frozen_vision=True)
+    assert packing_fingerprint(balanced) == {
+        **packing_fingerprint(plain), "balance_steps": True, "cost_model": "qwen2.5-vl-7b", "frozen_vision": True
+    }
+    assert PackingConfig(seq_length=8192, micro_batches_per_step=4).trainer.micro_batches_per_step == 4
+    with pytest.raises(ValueError, match="balance_steps=True needs cost_model"):
+        PackingConfig(seq_length=8192, balance_steps=True)
+    with pytest.raises(ValueError, match="micro_batches_per_step=0: must be"):
+        PackingConfig(seq_length=8192, micro_batches_per_step=0)
+    with pytest.raises(ValueError, match="balance_window_steps=0"):
+        PackingConfig(seq_length=8192, balance_window_steps=0)

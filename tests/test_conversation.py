@@ -101,6 +101,10 @@ def test_llava_video_and_system_prompt():
         ({"messages": "hello"}, "malformed_conversation"),
         ({"text": "no messages"}, "malformed_conversation"),
         (["not", "a", "mapping"], "malformed_conversation"),
+        ({"messages": [{"role": "user", "content": "hi", "reasoning_content": "x"},
+                       {"role": "assistant", "content": "ok"}]}, "malformed_conversation"),
+        ({"messages": [{"role": "user", "content": "hi"},
+                       {"role": "assistant", "content": "ok", "reasoning_content": ["x"]}]}, "malformed_conversation"),
     ],
 )
 def test_bad_conversations_are_bad_samples_with_a_reason(record, reason):
@@ -128,3 +132,19 @@ def test_typed_text_parts_are_not_split_and_empty_ones_dropped():
         num_videos=0,
     )
     assert typed[0]["content"] == [text("<image> literal")]
+
+
+def test_assistant_reasoning_content_is_kept_and_none_dropped():
+    """``reasoning_content`` reaches the chat template (Qwen3.5 renders it in <think>); the prepared
+    <key>.json keeps it, so it survives prepare -> loader."""
+    record = {"messages": [
+        {"role": "user", "content": "2+2?", "reasoning_content": None},
+        {"from": "gpt", "value": "4", "reasoning_content": "two and two"},
+    ]}
+    parsed = parse_record(record)
+    assert parsed.messages == [
+        {"role": "user", "content": [text("2+2?")]},
+        {"role": "assistant", "content": [text("4")], "reasoning_content": "two and two"},
+    ]
+    stored = decode_conversation_json(json.dumps(parsed.messages).encode())
+    assert normalize_conversation(stored, num_images=0, num_videos=0) == parsed.messages

@@ -83,6 +83,38 @@ def test_an_edited_or_foreign_format_1_file_is_refused(tmp_path):
         PackPlan.load(tmp_path / "text")
 
 
+def test_a_format_1_file_with_row_flops_loads_with_them_in_its_digest(tmp_path):
+    """A balanced ``.npz`` plan of the earlier release: ``row_flops`` next to the member arrays,
+    hashed after them (name, dtype, shape, bytes) into the stored digest."""
+    import hashlib
+    import json
+
+    plain = dataclasses.replace(small_plan(), format=PLAN_FORMAT_V1)
+    flops = np.array([9_000, 8_000], dtype=np.int64)
+    arrays = {**plain.arrays(), "row_flops": flops}
+    hasher = hashlib.sha256(json.dumps(plain.meta(), sort_keys=True).encode("utf-8"))
+    for name, array in arrays.items():
+        hasher.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        hasher.update(array.tobytes())
+    meta = json.dumps({**plain.meta(), "digest": hasher.hexdigest()}, sort_keys=True).encode("utf-8")
+    with open(tmp_path / "plan", "wb") as out:
+        np.savez(out, meta=np.frombuffer(meta, dtype=np.uint8), **arrays)
+    loaded = open_plan(tmp_path / "plan")
+    assert loaded.format == PLAN_FORMAT_V1 and loaded.digest == hasher.hexdigest() != plain.digest
+    assert loaded.row_flops.tolist() == [9_000, 8_000] and plain.row_flops is None
+    loaded.save(tmp_path / "again")
+    assert PackPlan.load(tmp_path / "again").digest == loaded.digest
+    with pytest.raises(PlanFormatError, match="format 1 only"):
+        dataclasses.replace(plain, row_arrays={"row_cost": np.zeros(2)})
+
+
+def test_row_flops_are_the_format_2_row_array_of_that_name(tmp_path):
+    plan = dataclasses.replace(small_plan(), row_arrays={"row_flops": np.array([5, 6], dtype=np.int64)})
+    plan.save(tmp_path / "plan")
+    mapped = open_plan(tmp_path / "plan")
+    assert mapped.row_flops.tolist() == [5, 6] and mapped.digest == plan.digest != small_plan().digest
+
+
 def big_plan(rows: int = 600_000, row_arrays=None) -> PackPlan:
     """A plan whose member arrays span several 4 MiB chunks (3 members per row)."""
     members = np.arange(3 * rows, dtype=np.int64)

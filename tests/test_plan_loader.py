@@ -229,6 +229,7 @@ def test_decode_failures_are_counted_and_the_rest_of_the_row_kept(corrupt_datase
     assert stats["skipped"].get("corrupt_image", 0) >= 1
     assert len(keys) + stats["skipped_total"] == plan.num_samples == stats["samples_in"]
     assert stats["plan_rows"] == plan.num_rows and stats["rows"] == len(rows)
+    assert stats["family"] == "qwen2.5-vl"
 
 
 @pytest.mark.slow

@@ -22,13 +22,14 @@ def _slice(indices, tokens, skipped=None, worker="0:0"):
     return MeasuredSlice(
         indices=indices, times=np.ones(len(indices), dtype=np.int8), tokens=np.array(tokens, dtype=np.int64),
         vision=np.zeros(len(indices), dtype=np.int64), media=np.zeros(len(indices), dtype=np.int64),
-        skipped=skipped or {}, per_worker={worker: len(indices)},
+        flops=100 * indices + 1, skipped=skipped or {}, per_worker={worker: len(indices)},
     )
 
 
 def test_merge_slices_is_the_whole_measurement_and_refuses_gaps_and_overlaps():
     merged = merge_slices([_slice([0, 2], [5, -1], {"overlong": 1}), _slice([1], [7], worker="1:0")], 3)
     assert merged.tokens.tolist() == [5, 7, -1] and merged.skipped == {"overlong": 1}
+    assert merged.flops.tolist() == [1, 101, 201], "each sample's FLOPs from the slice that read it"
     assert merged.per_worker == {"0:0": 2, "1:0": 1} and merged.samples_in == 3
     with pytest.raises(RuntimeError, match="1 of 3 samples never and 0 more than once"):
         merge_slices([_slice([0, 2], [5, 6])], 3)

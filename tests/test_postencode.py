@@ -1,6 +1,7 @@
 """Pixel path (postencode): equal to the Hugging Face processor, uint8 payload, bad media skipped.
 
-* For a 500-sample mix per family (``tests.golden_media``), preencode + postencode give the
+* For a 500-sample mix per family (``tests.golden_media``; 24 for Qwen3.5, whose image and
+  video processors are Qwen3-VL's), preencode + postencode give the
   same ``pixel_values`` / ``pixel_values_videos`` / grids as the HF processor called as
   docs/batch_contract.md says (max abs difference <= 1e-6; measured: exactly 0).
 * The uint8 payload, normalised by each device-side route, equals the float32 payload and its
@@ -46,9 +47,11 @@ from tests.golden_media import (
     golden_samples,
     make_video,
 )
-from tests.hf_reference import hf_reference
+from tests.hf_reference import PROCESSOR_FIXTURES, hf_reference
 
-MIX_SIZE = 500
+#: Samples per family's mix; only full-size mixes are checked for coverage (big images, videos).
+MIX_SIZES = {"qwen2.5-vl": 500, "qwen3-vl": 500, "qwen3.5": 24}
+FULL_MIX = 500
 MIX_SEED = 20251129
 UINT8_SAMPLES = 40  # samples with media whose uint8 payload is checked (per family)
 SEGMENTS_PER_ROW = 4  # uint8 segments packed into one row for the to_device_batch route
@@ -57,10 +60,6 @@ BIG_IMAGE_PIXELS = 1600 * 1000  # "photo-sized" images of the mix: at least this
 PIXEL_FIELDS = ("pixel_values", "pixel_values_videos")
 GRID_FIELDS = ("image_grid_thw", "video_grid_thw")
 ROW_WIDTH = 1 << 20  # big enough for any sample of the mix: nothing is overlong
-
-
-def _processor(request: pytest.FixtureRequest, family: str) -> Any:
-    return request.getfixturevalue("processor_qwen3" if family == "qwen3-vl" else "processor")
 
 
 def _max_abs_diff(ours: torch.Tensor | None, reference: torch.Tensor | None) -> float:
@@ -74,12 +73,12 @@ def _max_abs_diff(ours: torch.Tensor | None, reference: torch.Tensor | None) -> 
     return float((ours.double() - reference.double()).abs().max())
 
 
-@pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen3-vl"])
+@pytest.fixture(scope="module", params=sorted(MIX_SIZES))
 def golden_mix(request: pytest.FixtureRequest) -> tuple[Any, list[Any], list[PreparedSample]]:
     """(processor, golden samples, preencoded samples) of one family's 500-sample mix."""
     family = request.param
-    processor = _processor(request, family)
-    samples = golden_samples(golden_count(MIX_SIZE), MIX_SEED, family=family)
+    processor = request.getfixturevalue(PROCESSOR_FIXTURES[family])
+    samples = golden_samples(golden_count(MIX_SIZES[family]), MIX_SEED, family=family)
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
     prepared = [encoder.preencode_sample(chat_sample(golden, f"g{index:04d}")) for index, golden in enumerate(samples)]
     return processor, samples, prepared
@@ -114,7 +113,8 @@ def test_postencode_pixels_equal_hf_processor(golden_mix):
         seen["videos"] += len(golden.videos)
     print(f"max |ours - HF| over {len(samples)} samples: {worst}; media seen: {seen}")
     assert all(value <= TOLERANCE for value in worst.values()), f"max abs differences {worst} exceed {TOLERANCE}"
-    assert seen["big_images"] >= 3 and seen["videos"] >= 50, f"the mix lacks coverage: {seen}"
+    if len(samples) >= FULL_MIX:
+        assert seen["big_images"] >= 3 and seen["videos"] >= 50, f"the mix lacks coverage: {seen}"
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 The reference is ``tests.hf_reference.hf_reference`` (docs/batch_contract.md). Loss targets are
 checked against assistant spans found here by decoding ChatML turns, a method independent of
-``energon_pack.qwen.template``.
+``energon_pack.qwen.template``; for Qwen3.5 the expected span text follows the thinking rule of
+docs/qwen35.md (``rendered_answer``), so the think block is checked to be supervised.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from energon_pack.qwen.template import IGNORE_INDEX
 from energon_pack.core.samples import QwenVLChatSample, chat_fields_from_parts
 from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from tests.golden_media import (
-    GOLDEN_FRACTION,
     GoldenSample,
     chat_sample,
     golden_count,
@@ -38,11 +38,19 @@ from tests.golden_media import (
     make_image,
     make_video,
 )
-from tests.hf_reference import hf_reference
+from tests.hf_reference import PROCESSOR_FIXTURES, hf_reference
 
-#: Samples compared with the HF processor per family (>= 500 in all).
-GOLDEN_COUNTS = {"qwen2.5-vl": 300, "qwen3-vl": 200}
-PROCESSOR_FIXTURES = {"qwen2.5-vl": "processor", "qwen3-vl": "processor_qwen3"}
+#: Golden runs: (family, processor fixture, samples compared with the HF processor; >= 500 in all).
+#: Qwen3.5 shares Qwen3-VL's vision code, so a short mix covers its tokenizer and template, for
+#: the offline processor and for a HF-saved folder (transformers' own Qwen3_5Tokenizer).
+GOLDEN_RUNS = {
+    "qwen2.5-vl": ("qwen2.5-vl", "processor", 300),
+    "qwen3-vl": ("qwen3-vl", "processor_qwen3", 200),
+    "qwen3.5": ("qwen3.5", "processor_qwen35", 24),
+    "qwen3.5-saved": ("qwen3.5", "processor_qwen35_saved", 24),
+}
+#: Mixes at least this long are checked for coverage (sizes, formats, media kinds, rounds).
+COVERAGE_MIN_SAMPLES = 200
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
 
 
@@ -96,16 +104,37 @@ def assistant_turns(ids: list[int], tokenizer) -> list[tuple[int, int, bool]]:
     return turns
 
 
-def check_targets(prepared: PreparedSample, hf_ids: torch.Tensor, messages: list[dict], tokenizer) -> None:
-    """labels/loss_mask follow docs/batch_contract.md for the assistant spans found by decoding."""
+def rendered_answer(message: dict, *, family: str, after_last_user: bool) -> str:
+    """The text an assistant turn renders after its header, ``<|im_end|>`` excluded.
+
+    ChatML families: the content. Qwen3.5 (docs/qwen35.md): the content without leading newlines;
+    after the last user turn preceded by ``<think>\\n{reasoning}\\n</think>\\n\\n`` (reasoning from
+    ``reasoning_content``, newlines stripped; empty when there is none).
+    """
+    content = "".join(part["text"] for part in message["content"] if part["type"] == "text")
+    if family != "qwen3.5":
+        return content
+    content = content.lstrip("\n")
+    if not after_last_user:
+        return content
+    reasoning = (message.get("reasoning_content") or "").strip("\n")
+    return f"<think>\n{reasoning}\n</think>\n\n{content}"
+
+
+def check_targets(
+    prepared: PreparedSample, hf_ids: torch.Tensor, messages: list[dict], tokenizer, *, family: str = "qwen2.5-vl"
+) -> None:
+    """labels/loss_mask follow docs/batch_contract.md for the assistant spans found by decoding:
+    everything after each assistant header through its ``<|im_end|>`` (Qwen3.5: think block included)."""
     ids = hf_ids.tolist()
     turns = assistant_turns(ids, tokenizer)
-    answers = [m for m in messages if m["role"] == "assistant"]
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    answers = [(m, i > last_user) for i, m in enumerate(messages) if m["role"] == "assistant"]
     assert len(turns) == len(answers)
     target = np.zeros(len(ids), dtype=bool)
-    for (first, stop, straddles), message in zip(turns, answers):
-        content = "".join(part["text"] for part in message["content"] if part["type"] == "text")
-        assert tokenizer.decode(ids[first:stop]) == ("\n" if straddles else "") + content + "<|im_end|>"
+    for (first, stop, straddles), (message, after_last_user) in zip(turns, answers):
+        answer = rendered_answer(message, family=family, after_last_user=after_last_user)
+        assert tokenizer.decode(ids[first:stop]) == ("\n" if straddles else "") + answer + "<|im_end|>"
         target[first:stop] = True
     expected_mask = np.zeros(len(ids), dtype=np.float32)
     expected_mask[:-1] = target[1:]
@@ -135,11 +164,12 @@ def image_format(data: bytes) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(GOLDEN_COUNTS))
-def test_preencode_equals_hf_processor(family, request):
-    processor = request.getfixturevalue(PROCESSOR_FIXTURES[family])
+@pytest.mark.parametrize("run", sorted(GOLDEN_RUNS))
+def test_preencode_equals_hf_processor(run, request):
+    family, fixture, count = GOLDEN_RUNS[run]
+    processor = request.getfixturevalue(fixture)
     encoder = task_encoder(processor)
-    samples = golden_samples(golden_count(GOLDEN_COUNTS[family]), seed=2024, family=family)
+    samples = golden_samples(golden_count(count), seed=2024, family=family)
     for index, golden in enumerate(samples):
         prepared = encoder.preencode_sample(chat_sample(golden, f"golden{index}"))
         reference = hf_reference(processor, *golden)
@@ -154,9 +184,11 @@ def test_preencode_equals_hf_processor(family, request):
         if family == "qwen2.5-vl" and golden.videos:
             seconds = torch.tensor(prepared.second_per_grid_ts, dtype=reference["second_per_grid_ts"].dtype)
             assert torch.equal(seconds, reference["second_per_grid_ts"]), index
-        check_targets(prepared, reference["input_ids"][0], golden.messages, processor.tokenizer)
+        check_targets(prepared, reference["input_ids"][0], golden.messages, processor.tokenizer, family=family)
 
-    if GOLDEN_FRACTION < 1:  # a prefix (compatibility run): the whole mix is checked in the main run
+    if family == "qwen3.5" and len(samples) == count:  # the whole mix: some think blocks are not empty
+        assert any("reasoning_content" in m for golden in samples for m in golden.messages)
+    if len(samples) < COVERAGE_MIN_SAMPLES:  # a short mix, or a prefix (compatibility run): checked in the main run
         return
     # The mix really spans what it claims (a regression in golden_media would weaken this test).
     sides = [image_size(data) for golden in samples for data in golden.images]
@@ -484,7 +516,8 @@ def test_media_in_an_assistant_turn_carries_no_loss(family, request):
     assert prepared.skip_reason is None
     tokenizer = processor.tokenizer
     targets = [int(t) for t in prepared.labels.tolist() if t != IGNORE_INDEX]
-    assert tokenizer.decode(targets) == "Here.<|im_end|>"
+    answer = rendered_answer(messages[1], family=family, after_last_user=True)  # Qwen3.5: think block first
+    assert tokenizer.decode(targets) == answer + "<|im_end|>"
     media_ids = set(tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]))
     assert not media_ids & set(targets)
     assert int(prepared.loss_mask.sum()) == len(targets)

@@ -221,3 +221,14 @@ def test_media_in_an_assistant_turn_is_reported_unless_allowed(raw: Path):
     args = ["prepare", str(raw / "assistant.jsonl"), "--media-root", str(raw / "media"), "--out", str(raw / "cli")]
     assert cli_main([*args, "--allow-assistant-media"]) == 0
     assert sorted(_split_keys(raw / "cli", "train")) == ["drawn", "t"]
+
+
+def test_reasoning_content_survives_prepare_and_loading(tmp_path: Path):
+    """An assistant's ``reasoning_content`` is stored in ``<key>.json`` and reaches the loaded
+    sample's conversation (where the Qwen3.5 template renders it, docs/qwen35.md)."""
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning_content": "2 and 2"}]
+    (tmp_path / "r.jsonl").write_text(json.dumps({"id": "think", "messages": messages}) + "\n")
+    report = prepare_dataset(tmp_path / "r.jsonl", tmp_path, tmp_path / "out", progress=False)
+    assert report.written == 1
+    (sample,) = _load_all(tmp_path / "out", num_workers=0).values()
+    assert sample.conversation[1]["reasoning_content"] == "2 and 2"

@@ -16,11 +16,14 @@ from hypothesis import strategies as st
 from transformers import (
     Qwen2_5_VLConfig,
     Qwen2VLConfig,
+    Qwen3_5Config,
+    Qwen3_5MoeConfig,
     Qwen3VLConfig,
     Qwen3VLMoeConfig,
 )
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Model
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 from transformers.processing_utils import ProcessorMixin
 
@@ -52,6 +55,8 @@ def _hf_model(family: str, tokens_per_second: int | None = None) -> torch.nn.Mod
     if family == "qwen2.5-vl":
         vision = dict(_TINY_VISION, tokens_per_second=tokens_per_second)
         return Qwen2_5_VLModel(Qwen2_5_VLConfig(text_config=_TINY_TEXT, vision_config=vision))
+    if family == "qwen3.5":
+        return Qwen3_5Model(Qwen3_5Config(text_config=_TINY_TEXT, vision_config=_TINY_VISION))
     vision = dict(_TINY_VISION, deepstack_visual_indexes=[])
     return Qwen3VLModel(Qwen3VLConfig(text_config=_TINY_TEXT, vision_config=vision))
 
@@ -63,6 +68,7 @@ def hf_models() -> dict[tuple[str, int | None], torch.nn.Module]:
         ("qwen2.5-vl", 2): _hf_model("qwen2.5-vl", 2),
         ("qwen2.5-vl", 4): _hf_model("qwen2.5-vl", 4),
         ("qwen3-vl", None): _hf_model("qwen3-vl"),
+        ("qwen3.5", None): _hf_model("qwen3.5"),
     }
 
 
@@ -171,11 +177,13 @@ def test_matches_hf_qwen2_5_vl(hf_models, sample: Sample, tokens_per_second: int
     assert torch.equal(_ours(sample, spec), expected)
 
 
+@pytest.mark.parametrize("family", ["qwen3-vl", "qwen3.5"])
 @_HF_SETTINGS
 @given(sample=samples("qwen3-vl"))
-def test_matches_hf_qwen3_vl(hf_models, sample: Sample) -> None:
-    expected = _hf_positions(hf_models["qwen3-vl", None], sample)
-    assert torch.equal(_ours(sample, RopeSpec(family="qwen3-vl")), expected)
+def test_matches_hf_qwen3_vl(hf_models, family: str, sample: Sample) -> None:
+    """Qwen3.5's get_rope_index (transformers' Qwen3_5Model) follows Qwen3-VL's rule: one block per frame."""
+    expected = _hf_positions(hf_models[family, None], sample)
+    assert torch.equal(_ours(sample, RopeSpec(family=family)), expected)
 
 
 def test_second_per_grid_ts_as_tensor_or_list_is_the_same(hf_models) -> None:
@@ -267,8 +275,9 @@ def test_qwen3_video_frames_are_separate_blocks_golden(hf_models) -> None:
         [0, 1, 2, 2, 3, 3, 4, 5, 6, 7, 7, 8, 8, 9],
         [0, 1, 2, 3, 2, 3, 4, 5, 6, 7, 8, 7, 8, 9],
     ]
-    assert _ours(sample, RopeSpec(family="qwen3-vl")).tolist() == expected
-    assert _hf_positions(hf_models["qwen3-vl", None], sample).tolist() == expected
+    for family in ("qwen3-vl", "qwen3.5"):
+        assert _ours(sample, RopeSpec(family=family)).tolist() == expected
+        assert _hf_positions(hf_models[family, None], sample).tolist() == expected
 
 
 @pytest.mark.parametrize(
@@ -284,6 +293,8 @@ def test_qwen3_video_frames_are_separate_blocks_golden(hf_models) -> None:
             RopeSpec(family="qwen3-vl", spatial_merge_size=1),
         ),
         (Qwen3VLMoeConfig(), RopeSpec(family="qwen3-vl")),
+        (Qwen3_5Config(), RopeSpec(family="qwen3.5", image_token_id=248056, video_token_id=248057)),
+        (Qwen3_5MoeConfig(), RopeSpec(family="qwen3.5", image_token_id=248056, video_token_id=248057)),
     ],
 )
 def test_from_model_config(config, expected: RopeSpec) -> None:
@@ -300,6 +311,7 @@ def test_from_model_config_rejects_other_models() -> None:
     [
         ({"family": "qwen2.5-vl"}, "tokens_per_second=None"),
         ({"family": "qwen3-vl", "tokens_per_second": 2}, "no effect"),
+        ({"family": "qwen3.5", "whole_seconds": False}, "no effect"),
         ({"family": "qwen2-vl", "whole_seconds": True}, "whole_seconds=True has no effect"),
         ({"family": "qwen2-vl", "spatial_merge_size": 0}, "spatial_merge_size=0"),
         ({"family": "llava"}, "family='llava'"),

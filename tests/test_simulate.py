@@ -248,3 +248,14 @@ def test_round_needs_exactly_one_buffer_unit() -> None:
     for kwargs in ({}, {"buffer_size": 4, "buffer_tokens": 8192}):
         with pytest.raises(ValueError, match="set exactly one"):
             list(iter_rounds([5], RowBudget(tokens=10), round_size=RoundSize(samples=kwargs.get("buffer_size"), tokens=kwargs.get("buffer_tokens")), min_fill=0.9, max_wait_rounds=1))
+
+
+def test_simulate_prints_the_step_imbalance_of_both_dealings(capsys):
+    from energon_pack.cli import main
+
+    assert main(["simulate", "--samples", "600", "--dp", "4,8", "--micro-batches", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "today mean" in out and "balanced p99" in out and "cost model qwen2.5-vl-7b" in out
+    lines = [line.split() for line in out.splitlines() if line.split()[:1] in (["4"], ["8"])]
+    assert [(line[0], line[1]) for line in lines] == [("4", "1"), ("4", "2"), ("8", "1"), ("8", "2")]
+    assert all(float(line[6]) < float(line[3]) for line in lines)  # balanced mean below today's

@@ -102,6 +102,7 @@ def test_workers_publish_statistics_at_most_every_few_seconds(synthetic_dataset,
     rows = list(loader)
     assert len(rows) > 2 and len(writes) == 2
     assert writes[-1]["samples_in"] == synthetic_dataset.written == loader.stats()["samples_in"]
+    assert loader.stats()["family"] == "qwen2.5-vl"  # the processor's family, as the fingerprint has it
 
 
 def test_fill_before_flush_is_not_applicable_when_every_row_is_flushed():

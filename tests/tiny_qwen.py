@@ -9,6 +9,8 @@ would leave an ``atol=1e-4`` oracle unable to see a wrong position.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
@@ -56,10 +58,16 @@ def tiny_qwen25_vl(*, seed: int = 0, initializer_range: float = 0.1) -> Qwen2_5_
         tie_word_embeddings=True,
         initializer_range=initializer_range,
     )
+    return random_model(Qwen2_5_VLForConditionalGeneration, config, seed=seed)
+
+
+def random_model(model_class: Any, config: Any, *, seed: int) -> Any:
+    """``model_class(config)`` with eager attention, weights drawn from ``seed`` (the global torch
+    RNG left untouched), float32, in eval mode."""
     config._attn_implementation = "eager"
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = model_class(config)
     return model.to(torch.float32).eval()
 
 

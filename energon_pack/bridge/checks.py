@@ -2,18 +2,32 @@
 
 Reads the config by attribute only, so it needs no Bridge import: any object shaped like
 Bridge's ``cfg`` (``cfg.train``, ``cfg.model``, ``cfg.ddp``, ``cfg.validation``) can be checked.
+That includes Bridge 0.6.2's hybrid Qwen3.5 / Qwen3.6 providers (``Qwen35VLModelProvider``,
+``Qwen35VLMoEModelProvider``: Gated DeltaNet layers, ``experimental_attention_variant =
+"gated_delta_net"``), whose extra rules are :func:`gdn_problems` (docs/qwen35.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 from energon_pack.config import ConfigError, PackingConfig, check_training_compat
+from energon_pack.config.cross_part import mtp_problem
 
-__all__ = ["check_bridge_config"]
+__all__ = ["check_bridge_config", "gdn_problems", "with_step_size"]
 
 _CUDA_GRAPHS_OFF = (None, "none")
+#: ``cfg.model.experimental_attention_variant`` of models with Gated DeltaNet (linear-attention) layers.
+GDN_VARIANT = "gated_delta_net"
+#: AutoBridge copies a checkpoint's ``mtp_num_hidden_layers`` (1 in the released Qwen3.5 / Qwen3.6)
+#: into ``mtp_num_layers``; Bridge's own "off" value is None.
+_BRIDGE_MTP_FIX = (
+    "set cfg.model.mtp_num_layers = None after bridge.to_megatron_provider() (AutoBridge copies the "
+    "checkpoint's mtp_num_hidden_layers into it, 1 for converted Qwen3.5 / Qwen3.6; the MTP weights are "
+    "then neither loaded nor trained)"
+)
 
 
 def check_bridge_config(cfg: Any, packing: PackingConfig | None = None) -> None:
@@ -27,8 +41,10 @@ def check_bridge_config(cfg: Any, packing: PackingConfig | None = None) -> None:
     micro-batches and ranks before dividing weighs every token equally); no CUDA graphs (the
     vision inputs and the number of sequences change from row to row); no pipeline parallel;
     the model's tp / cp / sp / ep equal to ``packing.topology`` (it sets the alignment of every
-    sequence in a row); ``cfg.model.seq_length`` at least the row width; plus the rules of
-    :func:`~energon_pack.config.check_training_compat` (global batch and data-parallel size, MTP).
+    sequence in a row); ``cfg.model.seq_length`` at least the row width; no multi-token
+    prediction (``cfg.model.mtp_num_layers`` None or 0); the Gated DeltaNet rules of
+    :func:`gdn_problems`; plus the rules of :func:`~energon_pack.config.check_training_compat`
+    (global batch and data-parallel size).
 
     Example: ``cfg.model.calculate_per_token_loss=False`` -> ConfigError naming it and the fix
     ``cfg.model.calculate_per_token_loss = True``.
@@ -42,6 +58,13 @@ def check_bridge_config(cfg: Any, packing: PackingConfig | None = None) -> None:
                 "check_bridge_config(cfg, packing=<the PackingConfig of your loaders>)"
             )
     problems = list(filter(None, _bridge_problems(cfg, packing)))
+    provider_batch = getattr(getattr(cfg, "dataset", None), "global_batch_size", None)
+    if provider_batch is not None and provider_batch != cfg.train.global_batch_size:
+        problems.append(
+            f"cfg.dataset.global_batch_size={provider_batch} but cfg.train.global_batch_size="
+            f"{cfg.train.global_batch_size}: balanced steps would be dealt in steps of the wrong size; fix: "
+            f"cfg.dataset.global_batch_size = cfg.train.global_batch_size"
+        )
     try:
         check_training_compat(
             packing,
@@ -52,7 +75,7 @@ def check_bridge_config(cfg: Any, packing: PackingConfig | None = None) -> None:
             global_batch_size=cfg.train.global_batch_size,
             data_parallel_size=getattr(cfg, "data_parallel_size", None),
             pipeline_model_parallel_size=1,
-            mtp_num_layers=getattr(cfg.model, "mtp_num_layers", None) or 0,
+            mtp_num_layers=0,  # checked above, with Bridge's name and fix
         )
     except ConfigError as err:
         problems += err.problems
@@ -110,6 +133,27 @@ def _bridge_problems(cfg: Any, packing: PackingConfig) -> Iterator[str | None]:
             f"cfg.model.seq_length={seq_length} is shorter than the packed row width seq_length="
             f"{packing.seq_length}; fix: set cfg.model.seq_length = {packing.seq_length} (or pack narrower rows)"
         )
+    yield mtp_problem("cfg.model.mtp_num_layers", getattr(model, "mtp_num_layers", None) or 0, fix=_BRIDGE_MTP_FIX)
+    yield from gdn_problems(model)
+
+
+def gdn_problems(model: Any) -> Iterator[str]:
+    """One line per setting of a Gated DeltaNet ``cfg.model`` that packed THD rows cannot train with.
+
+    Megatron-Core's ``GatedDeltaNet`` with ``packed_seq_params.qkv_format == "thd"`` has no
+    deterministic path (its torch fallback takes no ``cu_seqlens``), so
+    ``deterministic_mode=True`` is rejected. Models without GDN layers yield nothing.
+    Example: ``Qwen35VLModelProvider(deterministic_mode=True)`` -> one line naming
+    ``cfg.model.deterministic_mode = False``.
+    """
+    if getattr(model, "experimental_attention_variant", None) != GDN_VARIANT:
+        return
+    if getattr(model, "deterministic_mode", False):
+        yield (
+            "cfg.model.deterministic_mode=True: Megatron-Core's GatedDeltaNet has no deterministic path for "
+            "packed THD rows (it asserts: its torch fallback takes no cu_seqlens, which keep a row's sequences "
+            "apart); fix: set cfg.model.deterministic_mode = False"
+        )
 
 
 def _expect(name: str, value: Any, wanted: Any, why: str) -> str | None:
@@ -126,3 +170,23 @@ def _cuda_graph_settings(model: Any) -> list[str]:
         f"cfg.model.{name}=True" for name in ("enable_cuda_graph", "external_cuda_graph") if getattr(model, name, False)
     ]
     return settings
+
+
+def with_step_size(
+    packing: PackingConfig, *, global_batch_size: int, micro_batch_size: int, data_parallel_size: int
+) -> PackingConfig:
+    """``packing`` with ``micro_batches_per_step = global_batch_size / (micro_batch_size * dp)``, the
+    micro-batches each rank runs per optimizer step (what a balanced plan's loader deals by).
+
+    Example: global batch 64, micro-batch 1, DP 8 -> ``micro_batches_per_step`` 8; global batch
+    60 at DP 8 -> ValueError (not a whole number of micro-batches per rank).
+    """
+    per_step = micro_batch_size * data_parallel_size
+    if per_step < 1 or global_batch_size % per_step:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is not a multiple of micro_batch_size x data-parallel size "
+            f"= {micro_batch_size} x {data_parallel_size}: a step must give every rank the same number of "
+            f"micro-batches; fix: set the global batch to a multiple of {max(per_step, 1)}"
+        )
+    trainer = dataclasses.replace(packing.trainer, micro_batches_per_step=global_batch_size // per_step)
+    return PackingConfig(row=packing.row, policy=packing.policy, loader=packing.loader, trainer=trainer)

@@ -16,6 +16,7 @@ except ImportError as err:  # pragma: no cover - exercised where Bridge is absen
         f"({err}); fix: pip install 'energon-pack[bridge]' (Megatron-Bridge needs Python 3.12)"
     ) from err
 
+from energon_pack.bridge.checks import with_step_size
 from energon_pack.bridge.iterator import PackingIterator
 from energon_pack.config import PackingConfig
 from energon_pack.loader import get_packing_loader
@@ -34,6 +35,10 @@ class PackingDatasetProvider(DatasetProvider):
     offline default of ``processor_family`` when ``processor_path`` is None). Validation reads
     split ``"val"`` of ``valid_path`` (default ``path``) once per epoch, cycling.
     ``dataloader_type`` must stay ``"external"``: Bridge then takes our iterators as they are.
+    ``plan``: a pack plan of ``path``'s train split (``energon-pack plan``); a balanced plan
+    (``balance_steps``) is read in balanced steps of ``global_batch_size`` rows (set it to
+    ``cfg.train.global_batch_size``; :func:`~energon_pack.bridge.check_bridge_config` checks it):
+    ``micro_batches_per_step`` = global batch / (micro-batch 1 x the data-parallel size).
     ``num_workers`` mirrors ``packing.num_workers`` (the workers the loader really starts).
     Run :func:`~energon_pack.bridge.check_bridge_config` on the whole config before training.
     """
@@ -47,6 +52,8 @@ class PackingDatasetProvider(DatasetProvider):
     max_frames: int | None = None
     valid_path: str | None = None
     do_validation: bool = True
+    plan: str | None = None
+    global_batch_size: int | None = None
     dataloader_type: Literal["external"] | None = "external"
 
     def __post_init__(self) -> None:
@@ -74,10 +81,18 @@ class PackingDatasetProvider(DatasetProvider):
         )
         group = None if context.pg_collection is None else context.pg_collection.dp
 
-        def rows(path: str, split: str) -> PackingIterator:
-            loader = get_packing_loader(path, self.packing, processor, split=split, data_parallel_group=group)
+        def rows(path: str, split: str, packing: PackingConfig = self.packing, plan: str | None = None) -> PackingIterator:
+            loader = get_packing_loader(path, packing, processor, split=split, data_parallel_group=group, plan=plan)
             return PackingIterator(loader)
 
-        train = rows(self.path, "train") if context.train_samples > 0 else None
+        train_packing = self.packing
+        if self.plan is not None and self.global_batch_size is not None:
+            import torch.distributed as dist
+
+            dp = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+            train_packing = with_step_size(
+                self.packing, global_batch_size=self.global_batch_size, micro_batch_size=1, data_parallel_size=dp
+            )
+        train = rows(self.path, "train", train_packing, self.plan) if context.train_samples > 0 else None
         valid = rows(self.valid_path or self.path, "val") if self.do_validation and context.valid_samples > 0 else None
         return train, valid, None

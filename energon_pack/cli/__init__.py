@@ -177,6 +177,18 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--plot", type=Path, default=None, help="write a fill and vision-per-row plot PNG, needs the plot extra (default: no plot)"
     )
+    steps = simulate.add_argument_group(
+        "step imbalance (with --dp: slowest / mean rank cost per step, today's dealing vs a balanced plan)"
+    )
+    steps.add_argument(
+        "--dp", type=comma_separated_ints, default=None, help="data-parallel sizes, comma-separated (default: no step table)"
+    )
+    steps.add_argument("--micro-batches", type=comma_separated_ints, default="1,4", help="micro-batches per step, comma-separated")
+    steps.add_argument("--seq-length", type=int, default=8192, help="row width W of the step table")
+    steps.add_argument(
+        "--cost-model", default="qwen2.5-vl-7b", help="model the rows are costed with: preset name or config.json path"
+    )
+    steps.add_argument("--frozen-vision", action="store_true", help="cost the vision tower as frozen (forward only)")
     simulate.set_defaults(func=_cmd_simulate)
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")

@@ -1,5 +1,6 @@
 """``energon-pack simulate``: packing fill and vision patches per row of our selection vs
-first-fit-decreasing per buffer, optionally under a vision budget per row.
+first-fit-decreasing per buffer, optionally under a vision budget per row; with ``--dp`` the
+step imbalance of today's dealing vs a balanced plan (``docs/balanced_steps.md``).
 
 Samples come from a prepared dataset (preencode only: exact token counts and patch grids, no
 pixels) or from the built-in reference VLM mix (``energon_pack.packing.simulate.reference_mix``).
@@ -11,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from energon_pack.config import PackingPolicy
+from energon_pack.errors import UsageError
 from energon_pack.packing.simulate import MixSample
 
 
@@ -18,6 +20,7 @@ def dataset_samples(dataset: Path) -> list[MixSample]:
     """Exact token counts, vision patches and media counts of a prepared dataset's good
     samples, via preencode (no pixels)."""
     from energon_pack.data.inspect_dataset import iter_prepared
+    from energon_pack.rows.flops import grid_rows
 
     return [
         MixSample(
@@ -25,6 +28,7 @@ def dataset_samples(dataset: Path) -> list[MixSample]:
             vision_patches=prepared.vision_patches,
             images=len(prepared.images),
             videos=len(prepared.videos),
+            grids=tuple(grid_rows(prepared.image_grid_thw, prepared.video_grid_thw)),
         )
         for _, prepared in iter_prepared(dataset)
         if prepared.skip_reason is None
@@ -48,6 +52,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     else:
         samples = reference_mix(args.samples, seed=0)
         source = f"reference VLM length mix ({len(samples)} samples, seed 0)"
+    if args.dp is not None:
+        return print_step_table(samples, source, args)
     budgets = [None] if args.max_row_vision_patches is None else [None, args.max_row_vision_patches]
     rows = simulation_table(
         samples,
@@ -72,4 +78,38 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_fill(rows, args.plot)
         print(f"plot written to {args.plot}")
+    return 0
+
+
+def print_step_table(samples: list[MixSample], source: str, args: argparse.Namespace) -> int:
+    """The step-imbalance table of ``--dp`` x ``--micro-batches`` (a bad ``--cost-model`` or
+    ``--seq-length`` is a UsageError)."""
+    from energon_pack.core.tables import format_table
+    from energon_pack.packing.simulate import step_balance_table
+    from energon_pack.rows.flops import CostModel
+
+    if args.seq_length < 1:
+        raise UsageError(f"--seq-length {args.seq_length}: must be a positive row width; fix: e.g. --seq-length 8192")
+    try:
+        cost_model = CostModel.of(args.cost_model, frozen_vision=args.frozen_vision)
+    except ValueError as err:
+        raise UsageError(f"--cost-model {args.cost_model!r}: {err}") from None
+    defaults = PackingPolicy()
+    table = step_balance_table(
+        samples, cost_model=cost_model, width=args.seq_length, dps=args.dp, micro_batches=args.micro_batches,
+        min_fill=defaults.min_fill, window_steps=defaults.balance_window_steps,
+    )
+    first = table[0]
+    print(f"lengths: {source}; W={args.seq_length} (samples aligned to 64), cost model {args.cost_model}"
+          f"{' (frozen vision)' if args.frozen_vision else ''}, fwd+bwd FLOPs per row")
+    print(f"rows {first['rows']} (lower bound {first['lower_bound']}); row cost CV: plain {first['cv_plain']:.3f}, "
+          f"balanced {first['cv_balanced']:.3f}")
+    print("imbalance = slowest rank / mean rank cost of a step; today: rank = position % dp; balanced: "
+          f"balance_steps plan, cost windows of {defaults.balance_window_steps} steps, LPT dealing")
+    print(format_table([
+        {"DP": r["dp"], "micro-batches": r["micro"], "steps": r["steps"],
+         "today mean": f"{r['today_mean']:.3f}", "today p99": f"{r['today_p99']:.3f}",
+         "balanced mean": f"{r['balanced_mean']:.3f}", "balanced p99": f"{r['balanced_p99']:.3f}"}
+        for r in table
+    ]))
     return 0

@@ -55,11 +55,16 @@ def _global_batch_problem(name: str, value: Any, dp: int) -> str | None:
     )
 
 
-def _mtp_problem(name: str, value: Any) -> str | None:
-    """Multi-token prediction layers (> 0) are rejected by name."""
+def mtp_problem(name: str, value: Any, *, fix: str | None = None) -> str | None:
+    """Multi-token prediction layers (> 0) are rejected by name; ``fix`` defaults to ``set {name}=0``.
+
+    Example: ``mtp_problem("mtp_num_layers", 1)`` -> ``"mtp_num_layers=1: multi-token prediction (MTP)
+    is not supported with packed THD rows in energon_pack; fix: set mtp_num_layers=0"``.
+    """
     return unsupported_problem(
         name, value, supported=0,
-        rule="multi-token prediction (MTP) is not supported with packed THD rows in energon_pack", fix=f"set {name}=0",
+        rule="multi-token prediction (MTP) is not supported with packed THD rows in energon_pack",
+        fix=fix or f"set {name}=0",
     )
 
 
@@ -129,7 +134,7 @@ def trainer_problems(
     if dp is not None and not dp_problem:
         yield _global_batch_problem("global_batch_size", global_batch_size, dp)
     yield pipeline_problem("pipeline_model_parallel_size", pipeline_model_parallel_size)
-    yield _mtp_problem("mtp_num_layers", mtp_num_layers)
+    yield mtp_problem("mtp_num_layers", mtp_num_layers)
     yield bool_problem("cuda_graphs", cuda_graphs)
     if cuda_graphs is True and row is not None:
         yield _cuda_graph_problem("cuda_graphs", fixed_width=row.fixed_width, pad_cu_seqlens=row.pad_cu_seqlens)

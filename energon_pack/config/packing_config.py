@@ -88,7 +88,7 @@ class PackingConfig:
         problems += filter(None, [buffer_tokens_problem(self.row, self.policy)])
         if self.row is not None and self.policy is not None and self.policy.mode == "in_batch":
             problems += filter(None, in_batch_problems(self.row, self.policy.micro_batch_size))
-        problems += filter(None, trainer_problems(
+        problems += [] if self.trainer is None else filter(None, trainer_problems(
             self.row,
             micro_batch_size=None,
             global_batch_size=self.trainer.global_batch_size,

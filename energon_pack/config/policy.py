@@ -61,6 +61,18 @@ class PackingPolicy:
     max_consecutive_skips: raise ``TooManyBadSamplesError`` when one worker meets more bad samples
         in a row than this (None, the default: skip and count bad samples without limit). Not in
         the resume fingerprint: a run stopped by the limit resumes under a raised limit.
+    cost_model: the model whose FLOPs rows are costed with (``energon_pack.rows.flops``): a preset
+        name (``qwen2.5-vl-7b``, ``qwen3-vl-30b-a3b``, ...) or the path of the model's
+        ``config.json`` (or its folder); rows then report ``row_cost["flops"]`` (None: no cost model).
+    frozen_vision: the vision tower is frozen (no backward through it) in the cost model.
+    balance_steps: ``energon-pack plan`` balances rows toward equal modelled cost and the plan
+        loader deals each step's rows to ranks by cost (needs ``cost_model``; see
+        ``docs/balanced_steps.md``).
+    balance_window_steps: steps per cost window of a balanced plan's stream: inside a window the
+        rows are sorted by cost and cut into steps, so a step holds rows of similar cost (1: no
+        windows, dealing only).
+    The last four are not in the online resume fingerprint (they change no online row); a plan
+    built with ``balance_steps`` records them in its fingerprint.
     """
 
     buffer_size: int | None = None
@@ -73,6 +85,10 @@ class PackingPolicy:
     mode: Literal["online", "in_batch"] = "online"
     micro_batch_size: int = 1
     max_consecutive_skips: int | None = field(default=None, metadata=NOT_FINGERPRINTED)
+    cost_model: str | None = field(default=None, metadata=NOT_FINGERPRINTED)
+    frozen_vision: bool = field(default=False, metadata=NOT_FINGERPRINTED)
+    balance_steps: bool = field(default=False, metadata=NOT_FINGERPRINTED)
+    balance_window_steps: int = field(default=16, metadata=NOT_FINGERPRINTED)
 
     def __post_init__(self) -> None:
         if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
@@ -122,3 +138,17 @@ class PackingPolicy:
         else:
             yield micro_batch_problem("micro_batch_size", self.micro_batch_size)
         yield int_problem("max_consecutive_skips", self.max_consecutive_skips, minimum=1, optional=True)
+        if self.cost_model is not None and (not isinstance(self.cost_model, str) or not self.cost_model):
+            yield (
+                f"cost_model={self.cost_model!r}: must be a preset name or the path of a model's config.json; "
+                "fix: e.g. cost_model: qwen2.5-vl-7b"
+            )
+        for name in ("frozen_vision", "balance_steps"):
+            if not isinstance(getattr(self, name), bool):
+                yield f"{name}={getattr(self, name)!r}: must be true or false; fix: set {name}: true or false"
+        yield int_problem("balance_window_steps", self.balance_window_steps, minimum=1)
+        if self.balance_steps is True and self.cost_model is None:
+            yield (
+                "balance_steps=True needs cost_model: rows are balanced by modelled FLOPs; fix: set cost_model "
+                "to a preset (e.g. qwen2.5-vl-7b) or the path of the model's config.json"
+            )

@@ -2,7 +2,9 @@
 
 A typed message is ``{"role": "system"|"user"|"assistant", "content": [part, ...]}`` with parts
 ``{"type": "text", "text": str}``, ``{"type": "image"}`` or ``{"type": "video"}``. Media parts
-refer to the sample's images / videos lists in order of appearance.
+refer to the sample's images / videos lists in order of appearance. An assistant message may
+also carry ``"reasoning_content": str`` (its thinking); templates with a thinking block (Qwen3.5 /
+Qwen3.6) render it inside ``<think>...</think>``, the others ignore it (docs/qwen35.md).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ ROLES = ("system", "user", "assistant")
 # ShareGPT / LLaVA speaker names -> chat roles.
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
 MEDIA_KINDS = ("image", "video")
+#: Message field holding an assistant turn's reasoning (the thinking before its answer).
+REASONING_FIELD = "reasoning_content"
 _PLACEHOLDER = re.compile(r"<(image|video)>")
 
 
@@ -86,7 +90,17 @@ def _typed_message(message: Any) -> Message:
         raise BadSampleError(
             "malformed_conversation", f"role {speaker!r} is not one of {', '.join(ROLE_ALIASES)}"
         )
-    return {"role": role, "content": _typed_content(content)}
+    typed: Message = {"role": role, "content": _typed_content(content)}
+    reasoning = message.get(REASONING_FIELD)
+    if reasoning is not None:
+        if role != "assistant" or not isinstance(reasoning, str):
+            raise BadSampleError(
+                "malformed_conversation",
+                f"{REASONING_FIELD}={reasoning!r} on a {role} message: only an assistant message carries "
+                f"reasoning, as a string; fix: move it to the assistant turn it belongs to, or drop it",
+            )
+        typed[REASONING_FIELD] = reasoning
+    return typed
 
 
 def count_media_parts(messages: Sequence[Message]) -> dict[str, int]:
@@ -110,6 +124,9 @@ def normalize_conversation(messages: Any, *, num_images: int, num_videos: int) -
 
     Example: ``[{"from": "human", "value": "<image>Hi"}, {"from": "gpt", "value": "Yo"}]`` with one
     image -> ``[{"role": "user", "content": [image, text "Hi"]}, {"role": "assistant", "content": [text "Yo"]}]``.
+    An assistant message's ``reasoning_content`` string is kept (None is dropped):
+    ``{"role": "assistant", "content": "4", "reasoning_content": "2+2"}`` ->
+    ``{"role": "assistant", "content": [text "4"], "reasoning_content": "2+2"}``.
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise BadSampleError("malformed_conversation", f"conversation must be a list of messages, got {type(messages).__name__}")

@@ -1,8 +1,9 @@
 """``energon-pack prepare``: chat records + media files -> an Energon WebDataset.
 
 Input is JSON Lines (or one JSON list) of records in any form ``energon_pack.core.conversation``
-accepts. Each good record becomes ``<key>.json`` (typed messages) plus ``<key>.<i>.<ext>``
-media files copied byte for byte. Problems are reported per record with its line number;
+accepts (an assistant message's ``reasoning_content`` included: Qwen3.5 renders it as the
+turn's ``<think>`` block, docs/qwen35.md). Each good record becomes ``<key>.json`` (typed
+messages) plus ``<key>.<i>.<ext>`` media files copied byte for byte. Problems are reported per record with its line number;
 nothing is pickled.
 
 Records are assigned to the train/val/test splits one by one, in proportion to

@@ -17,10 +17,15 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from energon_pack.core.alignment import aligned_length
 from energon_pack.packing.algorithms import PackItem, RoundSize, RowBudget, first_fit_decreasing
+from energon_pack.packing.balance import BalancedStream, balance_rows, step_imbalance, synthetic_grids
+from energon_pack.packing.global_plan import plan_rows
 from energon_pack.packing.planner import PlannedRound, RoundPlanner
 from energon_pack.core.tables import format_table as format_text_table
+from energon_pack.rows.flops import CostModel
 
 __all__ = [
     "MixSample",
@@ -45,12 +50,14 @@ PATCHES_PER_VISUAL_TOKEN = 4
 @dataclass(frozen=True, kw_only=True)
 class MixSample:
     """One simulated sample: ``tokens`` (chat template included), its ViT input patches
-    (``vision_patches``, before the 2x2 merge: 4 per visual token) and media counts."""
+    (``vision_patches``, before the 2x2 merge: 4 per visual token), media counts and, when known
+    (a prepared dataset), the media's ``(t, h, w)`` patch grids."""
 
     tokens: int
     vision_patches: int = 0
     images: int = 0
     videos: int = 0
+    grids: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def media(self) -> int:
@@ -473,3 +480,54 @@ def _result(
         max_wait_rounds=max(waits, default=0),
         vision_per_row=tuple(vision_per_row),
     )
+
+
+def step_balance_table(
+    samples: Sequence[MixSample],
+    *,
+    cost_model: CostModel,
+    width: int,
+    dps: Sequence[int],
+    micro_batches: Sequence[int],
+    pad_multiple: int = 64,
+    min_fill: float,
+    max_segments: int | None = 64,
+    window_steps: int = 16,
+    min_steps: int = 40,
+    seed: int = 0,
+) -> list[dict[str, float | int]]:
+    """Step imbalance (slowest rank / mean rank cost, mean and p99 over whole steps) per (DP,
+    micro-batches): today's dealing (plain plan rows, rank = position % dp) against the balanced
+    plan (cost-balanced rows, cost windows of ``window_steps`` steps, LPT dealing). Row costs are
+    ``cost_model`` FLOPs; samples without grids get :func:`synthetic_grids`. The stream repeats
+    epochs until it holds ``min_steps`` steps. Keys: ``dp, micro, steps, today_mean, today_p99,
+    balanced_mean, balanced_p99`` (plus ``rows``, ``lower_bound``, ``cv_plain``, ``cv_balanced``).
+    """
+    kept = [s for s in samples if aligned_length(s.tokens, pad_multiple) <= width]
+    lengths = [aligned_length(s.tokens, pad_multiple) for s in kept]
+    costs = np.array([
+        cost_model.sample(s.tokens, s.grids or synthetic_grids(s.vision_patches, s.images, s.videos)) for s in kept
+    ], dtype=np.float64)
+    budget = RowBudget(tokens=width, segments=max_segments)
+    limits = dict(vision=[s.vision_patches for s in kept], media=[s.media for s in kept])
+    plain = plan_rows(lengths, budget, min_fill=min_fill, **limits)
+    balanced = balance_rows(plain, lengths, costs, budget, **limits)
+    constant = cost_model.constant(width)
+    plain_costs, balanced_costs = (np.array([constant + costs[r].sum() for r in rows]) for rows in (plain, balanced))
+    table = []
+    for dp in dps:
+        for micro in micro_batches:
+            g = dp * micro
+            positions = range(max(1, -(-min_steps * g // len(plain))) * len(plain))
+            today_stream = BalancedStream(plain_costs, seed=seed, step_rows=g, window_steps=1, repeat=True)
+            stream = BalancedStream(balanced_costs, seed=seed, step_rows=g, window_steps=window_steps, repeat=True)
+            today = step_imbalance(plain_costs[[today_stream.plain_row(p) for p in positions]], dp, micro, balanced=False)
+            ours = step_imbalance(balanced_costs[[stream.plan_row(p) for p in positions]], dp, micro, balanced=True)
+            table.append({
+                "dp": dp, "micro": micro, "steps": today.steps, "today_mean": today.mean, "today_p99": today.p99,
+                "balanced_mean": ours.mean, "balanced_p99": ours.p99, "rows": len(balanced),
+                "lower_bound": -(-sum(lengths) // width),
+                "cv_plain": float(plain_costs.std() / plain_costs.mean()),
+                "cv_balanced": float(balanced_costs.std() / balanced_costs.mean()),
+            })
+    return table

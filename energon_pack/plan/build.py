@@ -9,7 +9,11 @@
 2. **Plan** (:func:`plan_measurement`): bad samples and samples that fit no row are counted
    by reason (or raise, with ``on_overlong="error"``), the rest packed by
    :func:`energon_pack.packing.global_plan.plan_rows_flat` under the online budgets (``seq_length``
-   slots after alignment, ``max_segments``, ``max_row_vision_patches``, ``max_row_media``).
+   slots after alignment, ``max_segments``, ``max_row_vision_patches``, ``max_row_media``);
+   with ``balance_steps`` the rows are then balanced toward equal modelled FLOPs
+   (:func:`energon_pack.packing.balance.balance_rows`, same budgets and row count) and the plan
+   stores each row's FLOPs (``row_constant(W)`` plus its samples' ``sample_flops``, measured
+   in the workers from the sample's token count and media grids).
 3. **Fingerprint**: the dataset (split, shard names, sample counts and byte sizes), the
    encoder (processor, vision and rope identity) and the config fields that decide rows.
 """
@@ -30,9 +34,11 @@ import numpy as np
 from energon_pack.config import PackingConfig
 from energon_pack.errors import UsageError
 from energon_pack.identity import encoder_fingerprint, plan_fingerprint, split_fingerprint
+from energon_pack.packing.balance import balance_rows
 from energon_pack.packing.budget import row_budget, sample_misfit
-from energon_pack.packing.global_plan import plan_rows_flat
+from energon_pack.packing.global_plan import plan_rows_flat, rows_to_lists
 from energon_pack.plan.file import PackPlan
+from energon_pack.rows.flops import CostModel, grid_rows
 
 __all__ = [
     "Measurement",
@@ -100,12 +106,14 @@ def dataset_fingerprint(path: str | Path, split: str) -> dict[str, Any]:
 
 @dataclass
 class Measurement:
-    """Tokens, ViT input patches and media count of every Energon sample index of a split
-    (tokens ``UNMEASURED`` for samples that are skipped or excluded)."""
+    """Tokens, ViT input patches, media count and modelled FLOPs (``sample_flops``; 0 without a
+    cost model) of every Energon sample index of a split (tokens ``UNMEASURED`` for samples that
+    are skipped or excluded)."""
 
     tokens: np.ndarray
     vision: np.ndarray
     media: np.ndarray
+    flops: np.ndarray
     #: Skipped samples by reason (preencode's skip markers, samples that fit no row).
     skipped: Counter[str] = field(default_factory=Counter)
     #: Samples measured per worker process, by ``"rank:worker"`` (``"0:-1"``: the main process).
@@ -118,6 +126,7 @@ class Measurement:
             tokens=np.full(size, UNMEASURED, dtype=np.int64),
             vision=np.zeros(size, dtype=np.int64),
             media=np.zeros(size, dtype=np.int64),
+            flops=np.zeros(size, dtype=np.int64),
         )
 
     @property
@@ -126,9 +135,9 @@ class Measurement:
 
 
 def _length_encoder(encoder: Any) -> Any:
-    """An Energon task encoder that maps a sample to ``(index, tokens, vision patches, media, skip
-    reason)``, in batches tagged with the worker process id (-1: the main process); a sample
-    that fits no row (``sample_misfit``) is a skip."""
+    """An Energon task encoder that maps a sample to ``(index, tokens, vision patches, media,
+    FLOPs, skip reason)``, in batches tagged with the worker process id (-1: the main process);
+    a sample that fits no row (``sample_misfit``) is a skip."""
     from megatron.energon import Sample, TaskEncoder
     from megatron.energon.edataclass import edataclass
     from megatron.energon.task_encoder.base import stateless
@@ -139,7 +148,10 @@ def _length_encoder(encoder: Any) -> Any:
         tokens: int
         vision: int
         media: int
+        flops: int
         skip_reason: Optional[str] = None
+
+    cost_model = encoder.cost_model if encoder.config.policy.balance_steps else None
 
     class LengthEncoder(TaskEncoder):
         decoder = None  # media stay compressed bytes: only headers are read
@@ -157,15 +169,19 @@ def _length_encoder(encoder: Any) -> Any:
                 tokens=prepared.num_tokens,
                 vision=prepared.vision_patches if reason is None else 0,
                 media=prepared.num_media if reason is None else 0,
+                flops=0 if reason is not None or cost_model is None else cost_model.sample(
+                    prepared.num_tokens, grid_rows(prepared.image_grid_thw, prepared.video_grid_thw)
+                ),
                 skip_reason=reason,
             )
 
         @stateless
-        def batch(self, samples: list[SampleSize]) -> tuple[int, list[tuple[int, int, int, int, str | None]]]:
+        def batch(self, samples: list[SampleSize]) -> tuple[int, list[tuple[int, int, int, int, int, str | None]]]:
             import torch.utils.data
 
             info = torch.utils.data.get_worker_info()
-            return (-1 if info is None else info.id), [(s.index, s.tokens, s.vision, s.media, s.skip_reason) for s in samples]
+            worker = -1 if info is None else info.id
+            return worker, [(s.index, s.tokens, s.vision, s.media, s.flops, s.skip_reason) for s in samples]
 
     return LengthEncoder()
 
@@ -199,6 +215,7 @@ def measure_split_distributed(
         tokens=measurement.tokens[mine],
         vision=measurement.vision[mine],
         media=measurement.media[mine],
+        flops=measurement.flops[mine],
         skipped=dict(measurement.skipped),
         per_worker=dict(measurement.per_worker),
     )
@@ -218,6 +235,7 @@ class MeasuredSlice:
     tokens: np.ndarray
     vision: np.ndarray
     media: np.ndarray
+    flops: np.ndarray
     skipped: dict[str, int]
     per_worker: dict[str, int]
 
@@ -236,6 +254,7 @@ def merge_slices(parts: Sequence[MeasuredSlice], total: int) -> Measurement:
         measurement.tokens[part.indices] = part.tokens
         measurement.vision[part.indices] = part.vision
         measurement.media[part.indices] = part.media
+        measurement.flops[part.indices] = part.flops
         measurement.skipped.update(part.skipped)
         measurement.per_worker.update(part.per_worker)
     if not (seen == 1).all():
@@ -266,12 +285,13 @@ def _measure_slice(
     seen = np.zeros(total, dtype=np.int8)
     with tqdm(total=-(-total // world_size), desc="preencode (headers)", unit="sample", disable=not progress) as bar:
         for worker, batch in pin_only_with_accelerator(get_loader(dataset)):
-            for index, tokens, vision, media, reason in batch:
+            for index, tokens, vision, media, flops, reason in batch:
                 seen[index] += 1
                 if reason is None:
                     measurement.tokens[index] = tokens
                     measurement.vision[index] = vision
                     measurement.media[index] = media
+                    measurement.flops[index] = flops
                 else:
                     measurement.skipped[reason] += 1
             measurement.per_worker[f"{rank}:{worker}"] += len(batch)
@@ -284,16 +304,22 @@ def _measure_slice(
 
 def plan_measurement(measurement: Measurement, config: PackingConfig, fingerprint: dict[str, Any]) -> PackPlan:
     """Pack the measured samples globally within the online budgets (aligned width, segments,
-    vision patches and media per row); skipped samples stay counted by reason."""
+    vision patches and media per row); skipped samples stay counted by reason. With
+    ``balance_steps`` the rows are balanced by ``measurement.flops`` and carry their FLOPs."""
     kept = np.flatnonzero(measurement.tokens != UNMEASURED)
     aligned = -(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple
-    row_offsets, members = plan_rows_flat(
-        aligned,
-        row_budget(config.row, config.policy),
-        min_fill=config.min_fill,
-        vision=measurement.vision[kept],
-        media=measurement.media[kept],
-    )
+    budget = row_budget(config.row, config.policy)
+    limits = dict(vision=measurement.vision[kept], media=measurement.media[kept])
+    row_offsets, members = plan_rows_flat(aligned, budget, min_fill=config.min_fill, **limits)
+    row_arrays: dict[str, np.ndarray] = {}
+    if config.policy.balance_steps:
+        flops = measurement.flops[kept]
+        rows = balance_rows(rows_to_lists(row_offsets, members), aligned, flops.astype(np.float64), budget, **limits)
+        row_offsets = np.concatenate([[0], np.cumsum([len(row) for row in rows], dtype=np.int64)])
+        members = np.array([i for row in rows for i in row], dtype=np.int64)
+        summed = np.concatenate([[0], np.cumsum(flops[members], dtype=np.int64)])
+        constant = CostModel.of(config.policy.cost_model).constant(config.seq_length)
+        row_arrays["row_flops"] = constant + summed[row_offsets[1:]] - summed[row_offsets[:-1]]
     return PackPlan.from_csr(
         row_offsets,
         kept[members],
@@ -301,6 +327,7 @@ def plan_measurement(measurement: Measurement, config: PackingConfig, fingerprin
         fingerprint=fingerprint,
         samples_in=measurement.samples_in,
         skipped=dict(sorted(measurement.skipped.items())),
+        row_arrays=row_arrays,
     )
 
 
@@ -349,6 +376,10 @@ def plan_report(
         *({"metric": f"  skipped: {reason}", "value": count} for reason, count in plan.skipped.items()),
         {"metric": "plan time (s)", "value": f"{seconds:.2f}"},
     ]
+    if plan.row_flops is not None:
+        flops = plan.row_flops.astype(np.float64)
+        rows.insert(4, {"metric": "row FLOPs: mean (TFLOP), CV, max/mean",
+                        "value": f"{flops.mean() / 1e12:.2f}, {flops.std() / flops.mean():.3f}, {flops.max() / flops.mean():.3f}"})
     if per_worker:
         shares = " ".join(f"{name}={count}" for name, count in sorted(per_worker.items()))
         rows.append({"metric": "samples measured per process (rank:worker)", "value": shares})

@@ -8,9 +8,11 @@ A plan holds (both formats, written atomically, no pickles):
   reason) and ``digest`` (SHA-256 over everything else, checked on load);
 * ``row_offsets`` int64 [R+1]: row ``r`` holds members ``row_offsets[r]:row_offsets[r+1]``;
 * ``member_shard`` int32 [N]: index into the shard table; ``member_index`` int32 [N]: sample
-  index inside that shard; ``member_tokens`` int32 [N]: real tokens of the sample.
-
-* optional per-row arrays by name (``row_arrays``, one value per row, e.g. a row cost).
+  index inside that shard; ``member_tokens`` int32 [N]: real tokens of the sample;
+* optional per-row arrays by name (``row_arrays``, one value per row), e.g. ``row_flops`` int64
+  [R], only in a plan built with ``balance_steps``: each row's modelled fwd+bwd FLOPs
+  (``energon_pack.rows.flops``), which the plan loader deals steps by (``plan.row_flops``).
+  Plans without it keep their digest and are read with plain dealing.
 
 A member's Energon restore key is ``("Webdataset", shard offset + index)`` (see
 ``energon_pack.plan.build.webdataset_index``). 12 bytes per sample: 100k samples -> ~1.2 MB.
@@ -23,7 +25,8 @@ Formats:
   chunk, as rows are read. Its ``digest`` is the columns digest (meta + every array's 4 MiB
   chunk hashes), so it differs from the format-1 digest of the same rows.
 * ``energon_pack.plan/1``: a NumPy ``.npz`` archive, loaded whole and hashed on load; still
-  read (``format`` stays 1, with its own digest definition), never converted silently.
+  read (``format`` stays 1, with its own digest definition), never converted silently; its only
+  row array is ``row_flops``.
 """
 
 from __future__ import annotations
@@ -49,18 +52,27 @@ PLAN_FORMAT = "energon_pack.plan/2"
 PLAN_FORMAT_V1 = "energon_pack.plan/1"
 _ARRAYS = ("row_offsets", "member_shard", "member_index", "member_tokens")
 _DTYPES = {"row_offsets": np.int64, "member_shard": np.int32, "member_index": np.int32, "member_tokens": np.int32}
+#: The row arrays a format-1 (``.npz``) plan may hold.
+_V1_ROW_ARRAYS = ("row_flops",)
 
 
 class _PlanRows:
     """Row reading shared by the in-memory and the memory-mapped plan: subclasses provide
-    ``fingerprint``, ``row_offsets``, ``member_index`` and ``_slice(name, lo, hi)``."""
+    ``fingerprint``, ``row_offsets``, ``member_index``, ``row_arrays`` and ``_slice(name, lo, hi)``."""
 
     fingerprint: dict[str, Any]
     row_offsets: np.ndarray
     member_index: np.ndarray
+    row_arrays: Mapping[str, np.ndarray]
 
     def _slice(self, name: str, lo: int, hi: int) -> np.ndarray:
         raise NotImplementedError
+
+    @property
+    def row_flops(self) -> np.ndarray | None:
+        """int64 [R]: modelled FLOPs of each row (the row array of a plan built with
+        ``balance_steps``), else None. Example: a balanced 3-row plan -> ``[9e12, 8e12, 9e12]``."""
+        return self.row_arrays.get("row_flops")
 
     @property
     def num_rows(self) -> int:
@@ -134,10 +146,12 @@ class PackPlan(_PlanRows):
                     f"row array {name!r} of shape {values.shape}: a per-row array needs a new name and one value "
                     f"per row ({self.num_rows}); fix: rebuild the plan with energon-pack plan"
                 )
-        if self.format not in (PLAN_FORMAT, PLAN_FORMAT_V1) or (self.format == PLAN_FORMAT_V1 and self.row_arrays):
+        if self.format not in (PLAN_FORMAT, PLAN_FORMAT_V1) or (
+            self.format == PLAN_FORMAT_V1 and not set(self.row_arrays) <= set(_V1_ROW_ARRAYS)
+        ):
             raise PlanFormatError(
-                f"plan format {self.format!r} with row arrays {sorted(self.row_arrays)}: format 2 holds row arrays, "
-                f"format 1 none; fix: rebuild the plan with this version's energon-pack plan"
+                f"plan format {self.format!r} with row arrays {sorted(self.row_arrays)}: format 2 holds any row arrays, "
+                f"format 1 only {list(_V1_ROW_ARRAYS)}; fix: rebuild the plan with this version's energon-pack plan"
             )
 
     def _slice(self, name: str, lo: int, hi: int) -> np.ndarray:
@@ -163,13 +177,14 @@ class PackPlan(_PlanRows):
         """SHA-256 (hex) of the meta and the bytes of every array: the plan's identity.
 
         Format 2: the columns digest (:func:`~energon_pack.plan.columns.columns_digest`), equal
-        to the one its file stores; format 1: SHA-256 over the meta JSON and each array's bytes.
+        to the one its file stores; format 1: SHA-256 over the meta JSON and each array's bytes
+        (``row_flops`` only when present).
         """
         if self.format == PLAN_FORMAT:
             return columns_digest(self.meta(), self.arrays())
         hasher = hashlib.sha256(json.dumps(self.meta(), sort_keys=True).encode("utf-8"))
-        for name in _ARRAYS:
-            array = np.ascontiguousarray(getattr(self, name))
+        for name, array in self.arrays().items():
+            array = np.ascontiguousarray(array)
             hasher.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
             hasher.update(array.tobytes())
         return hasher.hexdigest()
@@ -185,7 +200,7 @@ class PackPlan(_PlanRows):
         path = Path(path)
         partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(partial, "wb") as out:
-            np.savez(out, meta=np.frombuffer(meta, dtype=np.uint8), **{n: getattr(self, n) for n in _ARRAYS})
+            np.savez(out, meta=np.frombuffer(meta, dtype=np.uint8), **self.arrays())
         os.replace(partial, path)
 
     @classmethod
@@ -198,6 +213,7 @@ class PackPlan(_PlanRows):
             with np.load(path, allow_pickle=False) as archive:
                 meta = json.loads(archive["meta"].tobytes().decode("utf-8"))
                 arrays = {name: archive[name] for name in _ARRAYS}
+                row_arrays = {name: archive[name] for name in _V1_ROW_ARRAYS if name in archive.files}
         except (OSError, ValueError, KeyError) as err:
             raise PlanFormatError(
                 f"{os.fspath(path)}: not a pack plan ({err}); fix: pass a file written by energon-pack plan"
@@ -213,6 +229,7 @@ class PackPlan(_PlanRows):
             samples_in=int(meta["samples_in"]),
             skipped={str(k): int(v) for k, v in meta["skipped"].items()},
             format=PLAN_FORMAT_V1,
+            row_arrays=row_arrays,
             **arrays,
         )
         if plan.digest != meta.get("digest"):
@@ -252,9 +269,11 @@ class PackPlan(_PlanRows):
         fingerprint: dict[str, Any],
         samples_in: int,
         skipped: Mapping[str, int],
+        row_arrays: Mapping[str, np.ndarray] | None = None,
     ) -> PackPlan:
         """:meth:`from_rows` for rows given as CSR arrays of global sample indices: row ``r`` is
-        ``members[row_offsets[r]:row_offsets[r + 1]]`` (no Python list per sample).
+        ``members[row_offsets[r]:row_offsets[r + 1]]`` (no Python list per sample); ``row_arrays``
+        as the field (e.g. ``{"row_flops": ...}``).
 
         Example: shards ``[["a.tar", 2, 10], ["b.tar", 2, 10]]``, offsets ``[0, 2, 3]``, members
         ``[3, 0, 1]`` -> member_shard ``[1, 0, 0]``, member_index ``[1, 0, 1]``.
@@ -273,6 +292,7 @@ class PackPlan(_PlanRows):
             member_tokens=np.asarray(tokens, dtype=np.int64)[flat].astype(np.int32),
             samples_in=samples_in,
             skipped=dict(skipped),
+            row_arrays=dict(row_arrays or {}),
         )
 
 

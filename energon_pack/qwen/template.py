@@ -1,7 +1,9 @@
 """Chat template, tokenization with media placeholders expanded, and the assistant-only loss mask.
 
-Loss is on assistant text and each assistant turn's closing ``<|im_end|>``; media tokens never
-carry loss, in any turn (a model does not generate vision tokens).
+Loss is on assistant text and each assistant turn's closing ``<|im_end|>``: everything the
+template renders after an ``<|im_start|>assistant\n`` header, so for Qwen3.5 / Qwen3.6 the
+``<think>...</think>`` block (empty or not) too (docs/qwen35.md). Media tokens never carry loss,
+in any turn (a model does not generate vision tokens).
 
 Token ids come from the processor given to the plugin, exactly as
 ``processor(text=[processor.apply_chat_template(messages)], images=..., videos=...)`` would give
@@ -192,7 +194,8 @@ def media_token_mask(input_ids: np.ndarray, markers: ChatMarkers) -> np.ndarray:
 
 
 def assistant_target_mask(text: str, offsets: np.ndarray, markers: ChatMarkers) -> np.ndarray:
-    """Bool [L]: True on tokens of each assistant message's content and its closing ``<|im_end|>``.
+    """Bool [L]: True on tokens of each assistant message's content and its closing ``<|im_end|>``
+    (content: all the template renders after the header, a Qwen3.5 think block included).
 
     ``offsets`` int [L, 2] are the tokens' character spans in ``text`` (a fast tokenizer's
     ``offset_mapping``). A token is a target when its span overlaps a content span (content start

@@ -164,6 +164,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         postencode: Callable[..., EncodedSample],
         pack: Callable[[list[EncodedSample]], PackedRow],
         allocate_pixels: Callable[[list[PreparedSample]], list[Any]] | None = None,
+        row_cost: Callable[..., dict[str, int]] | None = None,
         worker_config: WorkerConfig,
         stats_dir: str | None = None,
     ) -> None:
@@ -179,6 +180,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self.pack = pack
         #: One pixel slot per sample of a bin, carved from one payload for the whole row.
         self.allocate_pixels = allocate_pixels
+        #: ``row_cost(row, width=W)``: the row's cost for the statistics (default ``row.row_cost``).
+        self.row_cost = row_cost
         #: Folder where each worker publishes its statistics for ``PackingDataLoader.stats()``.
         self.stats_dir = stats_dir
         self._published_at = -math.inf
@@ -348,8 +351,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             member_keys = tuple(get_sample_restore_key(sample) for _, sample in kept)
             with self._pack_index.ctx() as pack_index:
                 row = self.pack(encoded)
-            cost = row.row_cost
             width = row_width([e.segment.length for e in encoded], self.row)
+            cost = row.row_cost if self.row_cost is None else self.row_cost(row, width=width)
             self._stats.count_row(cost["real_tokens"], width, len(encoded), flush=self._planner.exhausted, cost=cost)
             row.stats = self._telemetry_snapshot()
             self._publish_stats(row.stats)

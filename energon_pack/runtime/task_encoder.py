@@ -25,6 +25,7 @@ from megatron.energon.wrappers.batch_dataset import BatchDataset
 from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingConfig
 from energon_pack.rows.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
+from energon_pack.rows.flops import CostModel, grid_rows
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
@@ -81,6 +82,11 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.
         self.budget = row_budget(config.row, config.policy)
         self.stats_dir = stats_dir
+        #: Modelled FLOPs of rows (``row_cost["flops"]``) when ``config.policy.cost_model`` is set.
+        self.cost_model = (
+            None if config.policy.cost_model is None
+            else CostModel.of(config.policy.cost_model, frozen_vision=config.policy.frozen_vision)
+        )
 
     @property
     def processor(self) -> Any:
@@ -198,7 +204,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             samples_in=len(samples),
             skipped=skipped,
             width=row["total_tokens"],
-            cost=packed.row_cost,
+            cost=self.row_cost(packed, width=row["total_tokens"]),
             shrunk=[(s.tokens_before_shrink, s.num_tokens) for s in samples if s.tokens_before_shrink is not None],
         )
         row["__restore_key__"] = ()
@@ -214,11 +220,20 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             warn_skip(sample.__key__, problem)
         return problem
 
+    def row_cost(self, row: PackedRow, *, width: int) -> dict[str, int]:
+        """``row.row_cost``, plus ``flops`` (modelled fwd+bwd FLOPs of the row of ``width`` slots)
+        when a cost model is configured."""
+        cost = row.row_cost
+        if self.cost_model is not None:
+            grids = grid_rows(*(g for s in row.segments for g in (s.visual.image_grid_thw, s.visual.video_grid_thw)))
+            cost["flops"] = self.cost_model.row([s.length for s in row.segments], grids, width=width)
+        return cost
+
     def _thd_row(self, row: PackedRow) -> dict:
         with timed("row assembly"):
             out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id)
         out["__stats__"] = row.stats
-        out["row_cost"] = row.row_cost
+        out["row_cost"] = self.row_cost(row, width=out["total_tokens"])
         out["__restore_key__"] = row.__restore_key__
         return out
 
@@ -277,6 +292,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             policy=self.config.policy,
             postencode=self.postencode_sample,
             allocate_pixels=self.allocate_row_pixels,
+            row_cost=self.row_cost,
             pack=self.pack_selected_samples,
             worker_config=worker_config,
             stats_dir=self.stats_dir,

@@ -24,6 +24,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             samples_per_shard=args.samples_per_shard,
             allow_assistant_media=args.allow_assistant_media,
             verify_media=args.verify_media,
+            max_image_pixels=args.max_image_pixels,
         )
     except PrepareError as err:
         print(f"energon-pack prepare: {err}", file=sys.stderr)
@@ -109,6 +110,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     """The ``energon-pack`` argument parser (one sub-command per job); every option has a help line with its default."""
     from energon_pack import __version__
+    from energon_pack.config.row_layout import DEFAULT_MAX_IMAGE_PIXELS
 
     parser = _Parser(prog="energon-pack", description=DESCRIPTION, formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -142,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--verify-media",
         action="store_true",
         help="decode every image and video frame (slower) to report media cut after the header now, not in training",
+    )
+    prepare.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="skip images with more stored pixels (width*height) as pixel_bomb; keep equal to the loader's "
+        "max_image_pixels; at most 2 * PIL.Image.MAX_IMAGE_PIXELS, the most Pillow opens",
     )
     prepare.set_defaults(func=_cmd_prepare)
 

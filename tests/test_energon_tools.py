@@ -1,6 +1,7 @@
 """Energon's own tools read what ``energon-pack prepare`` writes: ``energon lint`` (every split part
-checked, empty ones skipped) and ``energon info`` (the sample type) exit 0 on the real-world
-corpus prepared with ``--split-ratio 1,0,0`` and ``8,2,0``; an empty split keeps our one-line error."""
+checked, empty ones skipped), ``energon info`` (the sample type) and ``energon preview`` exit 0 on
+the real-world corpus prepared with ``--split-ratio 1,0,0`` and ``8,2,0``; an empty split keeps our
+one-line error."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from tests.real_corpus import CORPUS, HUGE, write_corpus
 BIN = Path(sys.executable).parent  # .venv/bin
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*args], capture_output=True, text=True, timeout=600)
+def _run(*args: str, answers: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([*args], input=answers, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,8 @@ def test_energon_lint_and_info_pass_on_a_prepared_dataset(ratio: str, records: P
     info = _run(str(BIN / "energon"), "info", str(dataset))
     assert info.returncode == 0, (info.stdout + info.stderr)[-3000:]
     assert "energon_pack.core.samples.QwenVLChatSample" in info.stdout
+    preview = _run(str(BIN / "energon"), "preview", str(dataset), answers="n\n" * 3)  # one sample per split
+    assert preview.returncode == 0 and "__key__" in preview.stdout and "corpus_" in preview.stdout, preview.stderr[-3000:]
     if ratio == "1,0,0":
         with pytest.raises(UsageError, match=r"has no 'val' split .*fix: .*--split-ratio"):
             get_packing_loader(dataset, PackingConfig(seq_length=4096, num_workers=0), split="val")

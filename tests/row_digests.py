@@ -82,10 +82,13 @@ def measure(root: Path, overrides: dict[str, Any] | None = None) -> dict[str, An
     from energon_pack import PackingConfig, SyntheticSpec, get_packing_loader, load_processor, make_synthetic_dataset
     from energon_pack.plan.build import build_plan
 
-    sys.modules[make_synthetic_dataset.__module__].encode_video = single_thread_encode_video
-
-    spec = SyntheticSpec(max_image_side=512, max_video_seconds=2.0, max_video_side=96)
-    dataset = make_synthetic_dataset(root / "data", 40, seed=5, spec=spec, samples_per_shard=8).out_dir
+    synthetic = sys.modules[make_synthetic_dataset.__module__]
+    encode_video, synthetic.encode_video = synthetic.encode_video, single_thread_encode_video
+    try:  # restored after: later tests in the same process get the real encoder
+        spec = SyntheticSpec(max_image_side=512, max_video_seconds=2.0, max_video_side=96)
+        dataset = make_synthetic_dataset(root / "data", 40, seed=5, spec=spec, samples_per_shard=8).out_dir
+    finally:
+        synthetic.encode_video = encode_video
     processor = load_processor()
     config = PackingConfig(seq_length=2048, buffer_size=6, num_workers=0, repeat=False, **(overrides or {}))
     out: dict[str, Any] = {}

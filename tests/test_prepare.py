@@ -290,3 +290,18 @@ def test_reasoning_content_survives_prepare_and_loading(tmp_path: Path):
     assert report.written == 1
     (sample,) = _load_all(tmp_path / "out", num_workers=0).values()
     assert sample.conversation[1]["reasoning_content"] == "2 and 2"
+
+
+def test_synthetic_real_world_media_go_through_prepare(tmp_path: Path):
+    """SyntheticSpec.real_world_fraction draws EXIF-turned JPEG/WebP, GIF, BMP, TIFF and WebM/MKV/MOV/AVI
+    videos (the demo's mix); the default mix is unchanged (no extra random draws)."""
+    from energon_pack.data.synthetic import SyntheticSpec, make_records, make_synthetic_dataset
+
+    spec = SyntheticSpec(max_image_side=96, max_video_seconds=1.0, max_video_side=64, real_world_fraction=1.0)
+    report = make_synthetic_dataset(tmp_path / "real", 24, seed=1, spec=spec)
+    assert report.problems == [] and report.oriented_images > 0
+    formats = {fmt for _, fmt, _ in report.media_kinds}
+    assert {"GIF", "BMP", "TIFF"} & formats and {"webm", "mkv", "mov", "avi"} & formats, report.media_kinds
+    assert not {"PNG", "mp4"} & formats
+    plain = make_records(tmp_path / "plain", 12, seed=1).read_text()
+    assert plain == make_records(tmp_path / "zero", 12, seed=1, spec=SyntheticSpec(real_world_fraction=0.0)).read_text()

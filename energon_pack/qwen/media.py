@@ -300,8 +300,10 @@ def probe_video(data: bytes) -> VideoInfo:
         codec = stream.codec_context.name
         width, height = stream.codec_context.width, stream.codec_context.height
         rate = stream.average_rate
-        indexed = sum(1 for entry in stream.index_entries if entry.size > 0)
         present, num_frames = _count_frames(container, stream)
+        # Fewer packets than the header's count: cut short, unless the header counted zero-size
+        # (AVI "drop") chunks; the index (read only then: it costs per entry) tells them apart.
+        indexed = sum(1 for entry in stream.index_entries if entry.size > 0) if present < stream.frames else 0
         info = VideoInfo(
             num_frames=num_frames, fps=float(rate or 0), width=width, height=height, codec=codec,
             container=container.format.name, has_audio=bool(container.streams.audio),

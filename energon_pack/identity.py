@@ -220,8 +220,10 @@ def split_fingerprint(factory: Any, split: str) -> dict[str, Any]:
 
 def packing_fingerprint(config: PackingConfig) -> dict[str, Any]:
     """The config fields that decide which rows a plan holds (not how they are read or built);
-    the cost model only with ``balance_steps`` (so plans built before it keep their digest)."""
+    the cost model only with ``balance_steps`` (so plans built before it keep their digest), the
+    media knobs only away from their old behaviour (``RowLayout.media_fingerprint``)."""
     values = {
+        **config.row.media_fingerprint(),
         "seq_length": config.seq_length,
         "pad_multiple": config.pad_multiple,
         "max_segments": config.max_segments,

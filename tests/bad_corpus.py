@@ -334,7 +334,7 @@ def write_direct_shard(dataset: Path, shard: str, samples: list[dict[str, Any]],
     with wds.TarWriter(str(dataset / shard)) as writer:
         for sample in samples:
             writer.write(sample)
-    write_energon_metadata(dataset, [*also, shard], ["train"])
+    write_energon_metadata(dataset, [*also, shard])
     return dataset
 
 

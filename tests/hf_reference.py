@@ -6,6 +6,11 @@ docs/batch_contract.md says:
 videos=[rgb24 frames at the sampled indices], video_metadata=[VideoMetadata(T, fps_in, indices)],
 do_sample_frames=False, return_tensors="pt")``.
 
+Images are opened the way ``transformers.image_utils.load_image`` turns them upright
+(``ImageOps.exif_transpose``), keeping their mode, so the processor's ``convert_to_rgb`` composites
+transparency on white (``load_image``'s own ``convert("RGB")`` would drop alpha instead; the
+processor on a plain ``Image.open`` is what docs/batch_contract.md promises for such images).
+
 Videos are decoded here with PyAV, every frame, without ``energon_pack``'s header probe
 (``probe_video``) or frame decoder (``decode_video_frames``): T is the number of frames the
 decoder outputs and fps_in the stream's average rate, so a bug in either of ours shows up as a
@@ -21,7 +26,7 @@ from typing import Any
 
 import av
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 from transformers.video_utils import VideoMetadata
 
 from energon_pack.qwen.geometry import VisionSpec, sample_frame_indices
@@ -37,6 +42,11 @@ def decoded_video(data: bytes) -> tuple[np.ndarray, float]:
         rate = float(stream.average_rate)
         frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(stream)])
     return frames, rate
+
+
+def upright_image(data: bytes) -> Image.Image:
+    """The image of ``data`` as ``load_image`` orients it (first frame, mode kept)."""
+    return ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
 
 
 def hf_reference(
@@ -67,7 +77,7 @@ def hf_reference(
         call.update(videos=clips, video_metadata=metadata, do_sample_frames=False)
     return processor(
         text=[processor.apply_chat_template(list(messages))],
-        images=[Image.open(io.BytesIO(data)) for data in images] or None,
+        images=[upright_image(data) for data in images] or None,
         return_tensors="pt",
         **call,
     )

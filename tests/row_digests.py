@@ -76,17 +76,21 @@ def single_thread_encode_video(frames: Any, fps: int, *, codec: str = "libx264",
     return buffer.getvalue()
 
 
-def measure(root: Path) -> dict[str, Any]:
-    """Rows of one epoch (online and planned), a mid-epoch state and the plan, as digests."""
+def measure(root: Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Rows of one epoch (online and planned), a mid-epoch state and the plan, as digests
+    (``overrides``: config keys set on top of the measured config)."""
     from energon_pack import PackingConfig, SyntheticSpec, get_packing_loader, load_processor, make_synthetic_dataset
     from energon_pack.plan.build import build_plan
 
-    sys.modules[make_synthetic_dataset.__module__].encode_video = single_thread_encode_video
-
-    spec = SyntheticSpec(max_image_side=512, max_video_seconds=2.0, max_video_side=96)
-    dataset = make_synthetic_dataset(root / "data", 40, seed=5, spec=spec, samples_per_shard=8).out_dir
+    synthetic = sys.modules[make_synthetic_dataset.__module__]
+    encode_video, synthetic.encode_video = synthetic.encode_video, single_thread_encode_video
+    try:  # restored after: later tests in the same process get the real encoder
+        spec = SyntheticSpec(max_image_side=512, max_video_seconds=2.0, max_video_side=96)
+        dataset = make_synthetic_dataset(root / "data", 40, seed=5, spec=spec, samples_per_shard=8).out_dir
+    finally:
+        synthetic.encode_video = encode_video
     processor = load_processor()
-    config = PackingConfig(seq_length=2048, buffer_size=6, num_workers=0, repeat=False)
+    config = PackingConfig(seq_length=2048, buffer_size=6, num_workers=0, repeat=False, **(overrides or {}))
     out: dict[str, Any] = {}
     with get_packing_loader(dataset, config, processor, split="train") as loader:
         rows = []
@@ -104,7 +108,15 @@ def measure(root: Path) -> dict[str, Any]:
     return out
 
 
+#: The media knobs at the behaviour before they existed (stored pixels, PIL's own image limit):
+#: states and plans measured so must equal those recorded before the knobs were added.
+LEGACY_MEDIA = {"apply_exif_orientation": False, "max_image_pixels": 89_478_485}
+
+
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
-        json.dump(measure(Path(tmp)), sys.stdout, indent=1)
+        out = measure(Path(tmp) / "now")
+        legacy = measure(Path(tmp) / "legacy", LEGACY_MEDIA)
+        out.update(legacy_media_state=legacy["state"], legacy_media_plan=legacy["plan"])
+        json.dump(out, sys.stdout, indent=1)
         print()

@@ -77,6 +77,44 @@ def test_get_packing_loader_on_a_records_file(records, processor):
         get_packing_loader(records.parent / "missing", PackingConfig(seq_length=1024, num_workers=0), processor)
 
 
+def test_plan_a_missing_folder(tmp_path, capsys):
+    (tmp_path / "packing.yaml").write_text("seq_length: 1024\n")
+    argv = ["plan", str(tmp_path / "nope"), "--config", str(tmp_path / "packing.yaml"), "--out", str(tmp_path / "p.plan")]
+    line = one_line_error(capsys, argv)
+    assert "nope" in line and "does not exist" in line and "energon-pack prepare" in line
+    assert not (tmp_path / "p.plan").exists()
+
+
+def test_plan_a_records_file(records, capsys):
+    (records.parent / "packing.yaml").write_text("seq_length: 1024\n")
+    argv = ["plan", str(records), "--config", str(records.parent / "packing.yaml"), "--out", str(records.parent / "p.plan")]
+    line = one_line_error(capsys, argv)
+    assert "records.jsonl" in line and "is a file, not a prepared dataset" in line
+
+
+def test_plan_with_a_missing_or_invalid_config(records, capsys):
+    dataset = records.parent / "ds"
+    assert main(["prepare", str(records), "--media-root", str(records.parent / "media"), "--out", str(dataset)]) == 0
+    capsys.readouterr()
+    out = str(records.parent / "p.plan")
+    line = one_line_error(capsys, ["plan", str(dataset), "--config", str(records.parent / "missing.yaml"), "--out", out])
+    assert "--config" in line and "missing.yaml" in line and "does not exist" in line and "seq_length" in line
+    (records.parent / "bad.yaml").write_text("seq_length: 1000\nnot_a_field: 3\n")
+    line = one_line_error(capsys, ["plan", str(dataset), "--config", str(records.parent / "bad.yaml"), "--out", out])
+    assert line.count("--config") == 1 and "not_a_field" in line
+    assert not (records.parent / "p.plan").exists()
+
+
+def test_a_missing_msc_dataset_is_one_line(tmp_path, capsys, monkeypatch):
+    """An msc:// path whose profile is not configured: one line naming the path and MSC_CONFIG."""
+    monkeypatch.setenv("MSC_CONFIG", str(tmp_path / "msc.json"))
+    (tmp_path / "msc.json").write_text('{"profiles": {"local": {"storage_provider": {"type": "file", "options": {"base_path": "%s"}}}}}' % tmp_path)
+    line = one_line_error(capsys, ["inspect", "msc://local/nope"])
+    assert "msc://local/nope" in line and "does not exist" in line
+    line = one_line_error(capsys, ["inspect", "msc://no_such_profile/ds"])
+    assert "msc://no_such_profile/ds" in line and "MSC_CONFIG" in line
+
+
 @pytest.mark.parametrize(
     "argv, fragments",
     [

@@ -22,7 +22,12 @@ from energon_pack.config import (
     TrainerSettings,
     check_training_compat,
 )
-from energon_pack.identity import ResumeMismatchError, check_resume_fingerprint, fingerprint_mismatches
+from energon_pack.identity import (
+    ResumeMismatchError,
+    check_resume_fingerprint,
+    fingerprint_mismatches,
+    packing_fingerprint,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TP4_SP = ParallelTopology(tp=4, sp=True)
@@ -316,6 +321,7 @@ FINGERPRINT_KEYS = {
     "max_segments", "pad_cu_seqlens", "fixed_width", "num_workers", "shuffle_buffer_size",
     "max_samples_per_sequence", "seed", "pixel_dtype", "loss_reduction", "on_overlong", "repeat",
     "max_row_vision_patches", "max_row_media", "mode", "micro_batch_size",
+    "apply_exif_orientation", "max_image_pixels",
 }
 
 
@@ -607,3 +613,25 @@ def test_balanced_steps_knobs() -> None:
         PackingConfig(seq_length=8192, micro_batches_per_step=0)
     with pytest.raises(ValueError, match="balance_window_steps=0"):
         PackingConfig(seq_length=8192, balance_window_steps=0)
+
+
+def test_media_knobs_are_absent_from_the_fingerprint_only_at_the_old_behaviour() -> None:
+    """A state or plan saved before the media knobs existed has neither key: rows were built from the
+    stored pixels under PIL's 89,478,485-pixel limit. Absent keys therefore mean exactly that, so such a
+    state is refused under the new defaults (images with an EXIF orientation change their token count)
+    and resumes with apply_exif_orientation=False, max_image_pixels=89478485."""
+    default = PackingConfig(seq_length=8192)
+    assert (default.apply_exif_orientation, default.max_image_pixels) == (True, 178_956_970)
+    assert default.fingerprint()["apply_exif_orientation"] is True
+    assert default.fingerprint()["max_image_pixels"] == 178_956_970
+    old = {k: v for k, v in default.fingerprint().items() if k not in ("apply_exif_orientation", "max_image_pixels")}
+    assert fingerprint_mismatches(old, default.fingerprint()) == ["apply_exif_orientation", "max_image_pixels"]
+    legacy = PackingConfig(seq_length=8192, apply_exif_orientation=False, max_image_pixels=89_478_485)
+    assert legacy.fingerprint() == old
+    assert fingerprint_mismatches(old, legacy.fingerprint()) == []
+    assert packing_fingerprint(default)["apply_exif_orientation"] is True  # plans too
+    assert "apply_exif_orientation" not in packing_fingerprint(legacy)
+    with pytest.raises(ValueError, match="max_image_pixels=0: must be an integer >= 1"):
+        PackingConfig(seq_length=8192, max_image_pixels=0)
+    with pytest.raises(ValueError, match="apply_exif_orientation='no': must be a boolean"):
+        PackingConfig(seq_length=8192, apply_exif_orientation="no")

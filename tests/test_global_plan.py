@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,12 +10,16 @@ from hypothesis import strategies as st
 from energon_pack.packing.algorithms import RowBudget, first_fit_decreasing
 from energon_pack.packing.global_plan import (
     best_fit_decreasing,
+    best_fit_decreasing_bins,
     epoch_row_order,
     first_rank_position,
     plan_rows,
+    plan_rows_flat,
     rank_positions,
+    rows_to_lists,
 )
-from energon_pack.packing.simulate import reference_length_mix, simulate_ffd_per_buffer, simulate_stream
+from energon_pack.packing.simulate import reference_length_mix, reference_mix, simulate_ffd_per_buffer, simulate_stream
+from tests import global_plan_reference as reference
 
 # ---------------------------------------------------------------- planning: golden cases
 
@@ -92,6 +97,116 @@ def test_global_plan_fill_beats_online_and_ffd_per_buffer_on_the_reference_mix()
     assert plan_fill >= 0.995
     assert plan_fill > online.fill > ffd.fill
     assert len(rows) <= online.rows
+
+
+# ---------------------------------------------------------------- planning: the array planner = the reference
+
+
+@st.composite
+def reference_cases(draw, limits: bool):
+    """Few distinct lengths (many ties and long equal-length runs), optional segment limit and,
+    with ``limits``, vision / media counts and limits."""
+    capacity = draw(st.integers(1, 64))
+    n = draw(st.integers(0, 120))
+    palette = draw(st.lists(st.integers(1, capacity), min_size=1, max_size=8))
+    lengths = draw(st.lists(st.sampled_from(palette) | st.integers(1, capacity), min_size=n, max_size=n))
+    segments = draw(st.none() | st.integers(1, 6))
+    if not limits:
+        return lengths, RowBudget(tokens=capacity, segments=segments), {}
+    max_vision, max_media = draw(st.none() | st.integers(1, 20)), draw(st.none() | st.integers(1, 4))
+    counts = {
+        "vision": draw(st.lists(st.integers(0, max_vision or 20), min_size=n, max_size=n)),
+        "media": draw(st.lists(st.integers(0, max_media or 4), min_size=n, max_size=n)),
+    }
+    return lengths, RowBudget(tokens=capacity, segments=segments, vision_patches=max_vision, media=max_media), counts
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.booleans().flatmap(reference_cases))
+def test_best_fit_decreasing_gives_the_reference_bins(case):
+    lengths, budget, counts = case
+    assert best_fit_decreasing(lengths, budget, **counts) == reference.best_fit_decreasing(lengths, budget, **counts)
+
+
+@settings(max_examples=400, deadline=None)
+@given(reference_cases(limits=False), st.sampled_from([0.5, 0.9, 0.97, 1.0]))
+def test_plan_rows_gives_the_reference_rows_token_only(case, min_fill):
+    lengths, budget, _ = case
+    assert plan_rows(lengths, budget, min_fill=min_fill) == reference.plan_rows(lengths, budget, min_fill=min_fill)
+
+
+@settings(max_examples=200, deadline=None)
+@given(reference_cases(limits=True), st.sampled_from([0.5, 0.97]))
+def test_plan_rows_gives_the_reference_rows_with_vision_and_media_limits(case, min_fill):
+    lengths, budget, counts = case
+    expected = reference.plan_rows(lengths, budget, min_fill=min_fill, **counts)
+    assert plan_rows(lengths, budget, min_fill=min_fill, **counts) == expected
+    arrays = {name: np.array(values, dtype=np.int64) for name, values in counts.items()}
+    assert rows_to_lists(*plan_rows_flat(np.array(lengths, dtype=np.int64), budget, min_fill=min_fill, **arrays)) == expected
+
+
+def test_flat_and_bin_id_forms_golden():
+    assert best_fit_decreasing_bins([3, 5, 2, 4], RowBudget(tokens=7)).tolist() == [1, 0, 0, 1]
+    offsets, members = plan_rows_flat([4, 8, 6, 11, 6, 19, 2, 17, 5, 11, 1, 6], RowBudget(tokens=20), min_fill=0.9)
+    assert offsets.tolist() == [0, 3, 5, 8, 10, 12]
+    assert members.tolist() == [0, 8, 9, 1, 3, 2, 4, 11, 5, 10, 6, 7]
+    assert best_fit_decreasing([], RowBudget(tokens=7)) == [] and plan_rows([], RowBudget(tokens=7), min_fill=0.9) == []
+
+
+@pytest.mark.parametrize(
+    ("lengths", "budget", "counts"),
+    [
+        ([0, 3], RowBudget(tokens=10), {}),
+        ([3, 11], RowBudget(tokens=10), {}),
+        ([3, 3, 4], RowBudget(tokens=10, vision_patches=8), {"vision": [1, 9, 10]}),
+        ([3, 3], RowBudget(tokens=10, media=2), {"media": [-1, 0]}),
+        ([3], RowBudget(tokens=0), {}),
+    ],
+)
+def test_bad_input_raises_the_reference_message(lengths, budget, counts):
+    with pytest.raises(ValueError) as ours:
+        plan_rows(lengths, budget, min_fill=0.9, **counts)
+    with pytest.raises(ValueError) as theirs:
+        reference.plan_rows(lengths, budget, min_fill=0.9, **counts)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_a_realistic_mix_gives_the_reference_rows_at_20k_samples():
+    rng = np.random.default_rng(0)
+    lengths = -(-np.minimum(8192, np.maximum(1, rng.lognormal(7.0, 1.0, 20_000).astype(np.int64))) // 64) * 64
+    budget = RowBudget(tokens=8192)
+    assert plan_rows(lengths, budget, min_fill=0.97) == reference.plan_rows(lengths.tolist(), budget, min_fill=0.97)
+
+
+def test_a_vision_and_media_limited_mix_gives_the_reference_bins_and_rows():
+    """The pruned scan (per-room bounds of vision and media room) on the reference mix."""
+    mix = [s for s in reference_mix(5000, seed=3) if s.tokens <= 8192 and s.vision_patches <= 12000 and s.media <= 4]
+    lengths = [-(-s.tokens // 64) * 64 for s in mix]
+    counts = {"vision": [s.vision_patches for s in mix], "media": [s.media for s in mix]}
+    budget = RowBudget(tokens=8192, vision_patches=12000, media=4)
+    assert best_fit_decreasing(lengths, budget, **counts) == reference.best_fit_decreasing(lengths, budget, **counts)
+    few = {name: values[:1500] for name, values in counts.items()}
+    assert plan_rows(lengths[:1500], budget, min_fill=0.97, **few) == reference.plan_rows(lengths[:1500], budget, min_fill=0.97, **few)
+
+
+def test_the_count_limited_refinement_gives_the_reference_rows(monkeypatch):
+    """Short and mid-length items with 2-3 segments per row: the refinement's count-limited
+    search (``_best_subset_counted``) runs, and the rows are still the reference's."""
+    from energon_pack.packing import global_plan
+
+    calls = []
+    original = global_plan._best_subset_counted
+    monkeypatch.setattr(global_plan, "_best_subset_counted", lambda *args: calls.append(1) or original(*args))
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        capacity = int(rng.integers(90, 130))
+        lengths = np.concatenate([
+            rng.integers(1, 6, 80), rng.integers(capacity // 4, capacity // 2 - 3, 40), rng.integers(capacity // 2, capacity - 20, 30),
+        ]).tolist()
+        for segments in (2, 3):
+            budget = RowBudget(tokens=capacity, segments=segments)
+            assert plan_rows(lengths, budget, min_fill=0.99) == reference.plan_rows(lengths, budget, min_fill=0.99)
+    assert len(calls) > 10
 
 
 # ---------------------------------------------------------------- reading order

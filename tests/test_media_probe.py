@@ -113,26 +113,30 @@ def test_probe_image_never_loads_pixels(monkeypatch):
 
 def test_probe_image_pixel_bomb():
     over_pil_hard_limit = png_header(30_000, 30_000)  # 9e8 px > 2 * Image.MAX_IMAGE_PIXELS: PIL refuses to open
-    between_limits = png_header(10_000, 10_000)  # 1e8 px: above MAX_IMAGE_PIXELS, PIL itself only warns
+    between_limits = png_header(10_000, 10_000)  # 1e8 px: above MAX_IMAGE_PIXELS (PIL only warns), accepted
     small = encode_image("RGB", (640, 480), "PNG")
-    for data in (over_pil_hard_limit, between_limits):
-        with pytest.raises(BadMediaError) as caught:
-            probe_image(data)
-        assert caught.value.reason == "pixel_bomb"
+    with pytest.raises(BadMediaError) as caught:
+        probe_image(over_pil_hard_limit)
+    assert caught.value.reason == "pixel_bomb" and "PIL.Image.MAX_IMAGE_PIXELS" in caught.value.detail
+    assert probe_image(between_limits) == ImageInfo(width=10_000, height=10_000, format="PNG", mode="RGB")
+    with pytest.raises(BadMediaError) as caught:
+        probe_image(between_limits, max_pixels=10**8 - 1)
+    assert caught.value.reason == "pixel_bomb" and "max_image_pixels=99999999" in caught.value.detail
     with pytest.raises(BadMediaError) as caught:
         probe_image(small, max_pixels=640 * 480 - 1)
     assert caught.value.reason == "pixel_bomb"
     assert probe_image(small, max_pixels=640 * 480).width == 640
-    assert probe_image(between_limits, max_pixels=10**8) == ImageInfo(width=10_000, height=10_000, format="PNG",
-                                                                      mode="RGB")
+    with pytest.raises(BadMediaError) as caught:  # a larger max_pixels cannot beat Pillow's own refusal
+        probe_image(over_pil_hard_limit, max_pixels=10**12)
+    assert caught.value.reason == "pixel_bomb"
 
 
 def test_probe_image_pixel_bomb_follows_pil_setting(monkeypatch):
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # default limit: 2 * 1000
     with pytest.raises(BadMediaError) as caught:
-        probe_image(encode_image("RGB", (40, 30), "PNG"))
+        probe_image(encode_image("RGB", (50, 41), "PNG"))
     assert caught.value.reason == "pixel_bomb"
-    assert probe_image(encode_image("RGB", (40, 25), "PNG")).height == 25
+    assert probe_image(encode_image("RGB", (50, 40), "PNG")).height == 40
 
 
 @pytest.mark.parametrize(
@@ -184,8 +188,10 @@ def test_probe_image_mutated_bytes_fail_only_as_bad_media(which, edits):
 )
 def test_probe_video_known_values(num_frames, fps, size, container, codec, expected_codec):
     data = encode_video(num_frames, fps, size, container=container, codec=codec)
+    demuxer = {"mp4": "mov,mp4,m4a,3gp,3g2,mj2", "avi": "avi", "matroska": "matroska,webm", "webm": "matroska,webm"}
     assert probe_video(data) == VideoInfo(
-        num_frames=num_frames, fps=float(fps), width=size[0], height=size[1], codec=expected_codec
+        num_frames=num_frames, fps=float(fps), width=size[0], height=size[1], codec=expected_codec,
+        container=demuxer[container], has_audio=False,
     )
 
 

@@ -75,7 +75,10 @@ def _source(key: str) -> str:
 def test_dataset_yaml_example_names_the_class_prepare_writes(blend_root):
     root, _ = blend_root
     example = yaml.safe_load((CONFIGS / "dataset.yaml.example").read_text(encoding="utf-8"))
-    assert example == {"__module__": "energon_pack", "__class__": "QwenVLChatWebdataset"}
+    assert example == {
+        "__module__": "energon_pack", "__class__": "QwenVLChatWebdataset",
+        "sample_type": {"__module__": "energon_pack.core.samples", "__class__": "QwenVLChatSample"},
+    }
     assert example == yaml.safe_load(DATASET_YAML)
     assert example == yaml.safe_load((root / "image_chat" / ".nv-meta" / "dataset.yaml").read_text(encoding="utf-8"))
 

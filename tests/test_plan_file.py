@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+import time
+
 import numpy as np
 import pytest
 
 from energon_pack.config import PackingConfig
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.plan.build import UNMEASURED, Measurement, plan_measurement, webdataset_index
-from energon_pack.plan.file import PackPlan, PlanFormatError
+from energon_pack.plan import columns
+from energon_pack.plan.file import PLAN_FORMAT, PLAN_FORMAT_V1, MappedPlan, PackPlan, PlanFormatError, open_plan
 
 SHARDS = [["a.tar", 2, 10], ["b.tar", 2, 10]]
 
@@ -54,8 +59,17 @@ def test_digest_depends_on_rows_and_fingerprint():
     assert len({plan.digest, other_rows.digest, other_data.digest}) == 3
 
 
-def test_an_edited_or_foreign_file_is_refused(tmp_path):
-    plan = small_plan()
+def test_a_format_1_file_still_loads_with_its_own_digest(tmp_path):
+    plan = dataclasses.replace(small_plan(), format=PLAN_FORMAT_V1)
+    plan.save(tmp_path / "plan")
+    for loaded in (PackPlan.load(tmp_path / "plan"), open_plan(tmp_path / "plan")):
+        assert loaded.format == PLAN_FORMAT_V1 and loaded.digest == plan.digest
+        assert [loaded.global_indices(r) for r in range(loaded.num_rows)] == [[3, 0], [1]]
+    assert plan.digest != small_plan().digest, "the digest definition differs between the formats"
+
+
+def test_an_edited_or_foreign_format_1_file_is_refused(tmp_path):
+    plan = dataclasses.replace(small_plan(), format=PLAN_FORMAT_V1)
     plan.save(tmp_path / "plan")
     with np.load(tmp_path / "plan") as archive:
         arrays = dict(archive)
@@ -67,6 +81,106 @@ def test_an_edited_or_foreign_file_is_refused(tmp_path):
     (tmp_path / "text").write_text("rows", encoding="utf-8")
     with pytest.raises(PlanFormatError, match="not a pack plan"):
         PackPlan.load(tmp_path / "text")
+
+
+def test_a_format_1_file_with_row_flops_loads_with_them_in_its_digest(tmp_path):
+    """A balanced ``.npz`` plan of the earlier release: ``row_flops`` next to the member arrays,
+    hashed after them (name, dtype, shape, bytes) into the stored digest."""
+    import hashlib
+    import json
+
+    plain = dataclasses.replace(small_plan(), format=PLAN_FORMAT_V1)
+    flops = np.array([9_000, 8_000], dtype=np.int64)
+    arrays = {**plain.arrays(), "row_flops": flops}
+    hasher = hashlib.sha256(json.dumps(plain.meta(), sort_keys=True).encode("utf-8"))
+    for name, array in arrays.items():
+        hasher.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        hasher.update(array.tobytes())
+    meta = json.dumps({**plain.meta(), "digest": hasher.hexdigest()}, sort_keys=True).encode("utf-8")
+    with open(tmp_path / "plan", "wb") as out:
+        np.savez(out, meta=np.frombuffer(meta, dtype=np.uint8), **arrays)
+    loaded = open_plan(tmp_path / "plan")
+    assert loaded.format == PLAN_FORMAT_V1 and loaded.digest == hasher.hexdigest() != plain.digest
+    assert loaded.row_flops.tolist() == [9_000, 8_000] and plain.row_flops is None
+    loaded.save(tmp_path / "again")
+    assert PackPlan.load(tmp_path / "again").digest == loaded.digest
+    with pytest.raises(PlanFormatError, match="format 1 only"):
+        dataclasses.replace(plain, row_arrays={"row_cost": np.zeros(2)})
+
+
+def test_row_flops_are_the_format_2_row_array_of_that_name(tmp_path):
+    plan = dataclasses.replace(small_plan(), row_arrays={"row_flops": np.array([5, 6], dtype=np.int64)})
+    plan.save(tmp_path / "plan")
+    mapped = open_plan(tmp_path / "plan")
+    assert mapped.row_flops.tolist() == [5, 6] and mapped.digest == plan.digest != small_plan().digest
+
+
+def big_plan(rows: int = 600_000, row_arrays=None) -> PackPlan:
+    """A plan whose member arrays span several 4 MiB chunks (3 members per row)."""
+    members = np.arange(3 * rows, dtype=np.int64)
+    return PackPlan.from_csr(
+        np.arange(0, 3 * rows + 1, 3, dtype=np.int64), members, members % 1000 + 1,
+        fingerprint=fingerprint([["a.tar", 3 * rows, 1]]), samples_in=3 * rows, skipped={},
+    ) if row_arrays is None else dataclasses.replace(big_plan(rows), row_arrays=row_arrays)
+
+
+def test_format_2_is_mapped_with_the_same_rows_digest_and_row_arrays(tmp_path):
+    plan = big_plan(row_arrays={"row_cost": np.linspace(0.0, 1.0, 600_000)})
+    assert plan.format == PLAN_FORMAT
+    plan.save(tmp_path / "plan")
+    start = time.perf_counter()
+    mapped = open_plan(tmp_path / "plan")
+    assert time.perf_counter() - start < 0.5, "opening reads the header only"
+    assert isinstance(mapped, MappedPlan) and mapped.digest == plan.digest
+    assert mapped.num_rows == plan.num_rows and mapped.num_samples == plan.num_samples
+    for row in (0, 1234, plan.num_rows - 1):
+        assert mapped.global_indices(row) == plan.global_indices(row)
+        assert mapped.row_tokens(row) == plan.row_tokens(row)
+    assert np.array_equal(mapped.row_arrays["row_cost"], plan.row_arrays["row_cost"])
+    assert pickle.loads(pickle.dumps(mapped)).global_indices(7) == plan.global_indices(7)
+    whole = PackPlan.load(tmp_path / "plan")
+    assert whole.digest == plan.digest and set(whole.row_arrays) == {"row_cost"}
+    assert [p.name for p in tmp_path.iterdir()] == ["plan"], "written atomically, nothing left over"
+
+
+def test_format_2_row_arrays_change_the_digest_and_need_one_value_per_row():
+    plan = big_plan(10)
+    assert dataclasses.replace(plan, row_arrays={"row_cost": np.zeros(10)}).digest != plan.digest
+    with pytest.raises(PlanFormatError, match="one value per row"):
+        dataclasses.replace(plan, row_arrays={"row_cost": np.zeros(9)})
+
+
+def test_a_truncated_or_edited_format_2_file_is_refused(tmp_path):
+    big_plan().save(tmp_path / "plan")
+    data = (tmp_path / "plan").read_bytes()
+    (tmp_path / "cut").write_bytes(data[:-1])
+    with pytest.raises(PlanFormatError, match="truncated"):
+        open_plan(tmp_path / "cut")
+    header = data.replace(b'"samples_in": 1800000', b'"samples_in": 1800001')
+    assert header != data
+    (tmp_path / "header").write_bytes(header)
+    with pytest.raises(PlanFormatError, match="does not match its digest"):
+        open_plan(tmp_path / "header")
+
+
+def test_an_edited_array_byte_fails_when_its_chunk_is_read(tmp_path):
+    plan = big_plan()
+    plan.save(tmp_path / "plan")
+    mapped = open_plan(tmp_path / "plan", verify="none")
+    entry = mapped._columns.header["arrays"]["member_index"]
+    data = bytearray((tmp_path / "plan").read_bytes())
+    data[entry["offset"] + columns.CHUNK_BYTES + 5] ^= 1  # second chunk of member_index
+    (tmp_path / "edited").write_bytes(bytes(data))
+    lazy = open_plan(tmp_path / "edited")  # the header is intact: opens
+    assert lazy.global_indices(0) == plan.global_indices(0), "rows in the first chunk read fine"
+    chunk_rows = columns.CHUNK_BYTES // 4 // 3
+    with pytest.raises(PlanFormatError, match="member_index bytes"):
+        lazy.global_indices(chunk_rows + 10)
+    assert lazy._columns._verified["member_index"] == {0}, "only the chunks read were hashed"
+    with pytest.raises(PlanFormatError, match="member_index bytes"):
+        open_plan(tmp_path / "edited", verify="full")
+    with pytest.raises(PlanFormatError, match="member_index bytes"):
+        PackPlan.load(tmp_path / "edited")
 
 
 def test_webdataset_index_reads_the_energon_sample_index():
@@ -121,3 +235,11 @@ def test_sample_misfit_names_the_limit_or_raises():
     strict = PackingConfig(seq_length=8192, on_overlong="error")
     with pytest.raises(ValueError, match="every sample must fit one row"):
         sample_misfit(Prepared(9000), row_budget(strict.row, strict.policy), strict.row, strict.policy)
+
+
+def test_a_plan_without_rows_round_trips_in_format_2(tmp_path):
+    plan = plan_measurement(measured([UNMEASURED] * 3, skipped={"overlong": 3}), PackingConfig(seq_length=10), fingerprint([["a.tar", 3, 1]]))
+    assert plan.num_rows == 0
+    plan.save(tmp_path / "plan")
+    opened = open_plan(tmp_path / "plan", verify="full")
+    assert opened.num_rows == 0 and opened.skipped == {"overlong": 3} and opened.digest == plan.digest

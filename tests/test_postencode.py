@@ -274,7 +274,7 @@ def bad_media_dataset(tmp_path_factory) -> tuple[Path, set[str], dict[str, str]]
     (raw / "records.jsonl").write_text("".join(json.dumps(records[i]) + "\n" for i in order), encoding="utf-8")
     report = prepare_dataset(raw / "records.jsonl", raw, root / "dataset", samples_per_shard=6, progress=False)
     rejected = {p.record_id: str(p) for p in report.problems}
-    assert set(rejected) == set(cut_videos) and all("corrupt_video: truncated" in r for r in rejected.values())
+    assert set(rejected) == set(cut_videos) and all("corrupt_video: cut short" in r for r in rejected.values())
     assert report.written == len(records) - len(cut_videos), f"cut images must pass the header check: {report.problems}"
     return root / "dataset", good, bad
 

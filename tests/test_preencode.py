@@ -390,7 +390,8 @@ def bad_cases() -> dict[str, tuple[str, GoldenSample]]:
         "cut_png_header": ("corrupt_image", GoldenSample(one_image, [good_image[:20]], [])),
         "corrupt_second_image": ("corrupt_image", GoldenSample(two_images, [good_image, b"\xff\xd8\xff garbage"], [])),
         "bomb_100000x100000": ("pixel_bomb", GoldenSample(one_image, [png_header(100_000, 100_000)], [])),
-        "bomb_10000x10000": ("pixel_bomb", GoldenSample(one_image, [png_header(10_000, 10_000)], [])),
+        # just above max_image_pixels' default 178,956,970 (100 MP images are accepted: test_media_probe.py)
+        "bomb_13400x13400": ("pixel_bomb", GoldenSample(one_image, [png_header(13_400, 13_400)], [])),
         "aspect_214": ("extreme_aspect_ratio", GoldenSample(one_image, [png_header(6000, 28)], [])),
         "garbage_video": ("corrupt_video", GoldenSample(one_video, [], [b"\x00\x00\x00\x18ftypmp42 not a video"])),
         "cut_video": ("corrupt_video", GoldenSample(one_video, [], [good_video[: len(good_video) // 3]])),

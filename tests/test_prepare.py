@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from megatron.energon import WorkerConfig, get_loader, get_train_dataset
 
 from energon_pack.cli import main as cli_main
@@ -14,6 +15,7 @@ from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.data.prepare import PrepareError, format_report, prepare_dataset
 from energon_pack.core.samples import QwenVLChatSample
 from energon_pack.data.synthetic import encode_image, encode_video
+from energon_pack.errors import UsageError
 
 
 def _chat(media: str = "") -> list[dict]:
@@ -67,9 +69,64 @@ def test_problems_are_reported_by_line_and_skipped(raw: Path):
     problems = {p.line: p.reason.split(":")[0] for p in report.problems}
     assert problems == {2: "bad_json", 3: "missing_media", 4: "path_escape"}
     assert report.written == 4 and report.images == 3 and report.videos == 1
-    assert (raw / "out" / ".nv-meta" / "dataset.yaml").read_text() == (
-        "__module__: energon_pack\n__class__: QwenVLChatWebdataset\n"
-    )
+    assert yaml.safe_load((raw / "out" / ".nv-meta" / "dataset.yaml").read_text()) == {
+        "__module__": "energon_pack",
+        "__class__": "QwenVLChatWebdataset",
+        "sample_type": {"__module__": "energon_pack.core.samples", "__class__": "QwenVLChatSample"},
+    }
+    splits = yaml.safe_load((raw / "out" / ".nv-meta" / "split.yaml").read_text())["split_parts"]
+    assert list(splits) == ["train", "val", "test"] and splits["val"] == splits["test"] == []
+    assert report.media_kinds == {("image", "JPEG", "-"): 1, ("image", "PNG", "-"): 1, ("image", "WEBP", "-"): 1,
+                                  ("video", "mp4", "h264"): 1}
+    table = format_report(report).split("media written:\n")[1].split("\nskipped")[0].splitlines()
+    assert table[0].split() == ["kind", "format", "codec", "files"]
+    assert [line.split() for line in table[2:]] == [
+        ["image", "JPEG", "-", "1"], ["image", "PNG", "-", "1"], ["image", "WEBP", "-", "1"], ["video", "mp4", "h264", "1"]
+    ]
+
+
+def test_a_dataset_prepared_before_sample_type_still_loads(raw: Path):
+    """dataset.yaml written before it named the sample type (``__module__``/``__class__`` only)."""
+    prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False)
+    (raw / "out" / ".nv-meta" / "dataset.yaml").write_text("__module__: energon_pack\n__class__: QwenVLChatWebdataset\n")
+    assert sorted(_load_all(raw / "out", 0)) == ["_line5", "good1", "text", "vid"]
+
+
+def test_another_sample_type_is_refused(raw: Path):
+    """Energon's parser refuses a type that is no QwenVLChatSample (from the annotation); ours refuses
+    a subclass, naming the fix."""
+    from energon_pack.core.samples import QwenVLChatWebdataset
+
+    prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False)
+    meta = raw / "out" / ".nv-meta" / "dataset.yaml"
+    meta.write_text(meta.read_text().replace("QwenVLChatSample", "CaptioningSample").replace(
+        "energon_pack.core.samples", "megatron.energon"))
+    with pytest.raises(ValueError, match="Expected Type.*QwenVLChatSample.*got.*CaptioningSample"):
+        _load_all(raw / "out", 0)
+
+    class Subclass(QwenVLChatSample):
+        pass
+
+    with pytest.raises(ValueError, match="reads only energon_pack.core.samples.QwenVLChatSample; fix: rewrite"):
+        QwenVLChatWebdataset(raw / "out", sample_type=Subclass)
+
+
+def test_no_good_record_lists_every_problem(tmp_path: Path):
+    (tmp_path / "r.jsonl").write_text("{oops\n" + json.dumps({"id": "m", "messages": _chat("<image>"),
+                                                               "images": ["nope.jpg"]}) + "\n")
+    with pytest.raises(PrepareError) as caught:
+        prepare_dataset(tmp_path / "r.jsonl", tmp_path, tmp_path / "out", progress=False)
+    message = str(caught.value)
+    assert "no good record" in message and "(2 problems)" in message
+    assert "line 1: bad_json" in message and "line 2 (id 'm'): missing_media" in message
+
+
+def test_max_image_pixels_skips_larger_images_naming_the_knob(raw: Path):
+    report = prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False, max_image_pixels=100)
+    bombs = [p for p in report.problems if "pixel_bomb" in p.detail]
+    assert bombs and all(p.reason == "unreadable_media" and "max_image_pixels=100" in p.detail for p in bombs)
+    with pytest.raises(UsageError, match="--max-image-pixels 0 must be an integer >= 1"):
+        prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False, max_image_pixels=0)
 
 
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
@@ -96,6 +153,7 @@ def test_cli_prepare_reports_and_exit_codes(raw: Path, capsys):
     assert cli_main(args) == 0
     out = capsys.readouterr().out
     assert "wrote 4 samples" in out and "line 2" in out and "line 3" in out and "line 4" in out
+    assert "media written:" in out and "WEBP" in out
     assert cli_main([*args, "--on-error", "fail"]) == 1
 
 
@@ -232,3 +290,18 @@ def test_reasoning_content_survives_prepare_and_loading(tmp_path: Path):
     assert report.written == 1
     (sample,) = _load_all(tmp_path / "out", num_workers=0).values()
     assert sample.conversation[1]["reasoning_content"] == "2 and 2"
+
+
+def test_synthetic_real_world_media_go_through_prepare(tmp_path: Path):
+    """SyntheticSpec.real_world_fraction draws EXIF-turned JPEG/WebP, GIF, BMP, TIFF and WebM/MKV/MOV/AVI
+    videos (the demo's mix); the default mix is unchanged (no extra random draws)."""
+    from energon_pack.data.synthetic import SyntheticSpec, make_records, make_synthetic_dataset
+
+    spec = SyntheticSpec(max_image_side=96, max_video_seconds=1.0, max_video_side=64, real_world_fraction=1.0)
+    report = make_synthetic_dataset(tmp_path / "real", 24, seed=1, spec=spec)
+    assert report.problems == [] and report.oriented_images > 0
+    formats = {fmt for _, fmt, _ in report.media_kinds}
+    assert {"GIF", "BMP", "TIFF"} & formats and {"webm", "mkv", "mov", "avi"} & formats, report.media_kinds
+    assert not {"PNG", "mp4"} & formats
+    plain = make_records(tmp_path / "plain", 12, seed=1).read_text()
+    assert plain == make_records(tmp_path / "zero", 12, seed=1, spec=SyntheticSpec(real_world_fraction=0.0)).read_text()

@@ -24,6 +24,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             samples_per_shard=args.samples_per_shard,
             allow_assistant_media=args.allow_assistant_media,
             verify_media=args.verify_media,
+            max_image_pixels=args.max_image_pixels,
         )
     except PrepareError as err:
         print(f"energon-pack prepare: {err}", file=sys.stderr)
@@ -109,6 +110,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     """The ``energon-pack`` argument parser (one sub-command per job); every option has a help line with its default."""
     from energon_pack import __version__
+    from energon_pack.config.row_layout import DEFAULT_MAX_IMAGE_PIXELS
 
     parser = _Parser(prog="energon-pack", description=DESCRIPTION, formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -143,13 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decode every image and video frame (slower) to report media cut after the header now, not in training",
     )
+    prepare.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="skip images with more stored pixels (width*height) as pixel_bomb; keep equal to the loader's "
+        "max_image_pixels; at most 2 * PIL.Image.MAX_IMAGE_PIXELS, the most Pillow opens",
+    )
     prepare.set_defaults(func=_cmd_prepare)
 
     simulate = command(
         "simulate", "fill and vision patches per row of our bin selection vs first-fit-decreasing per buffer"
     )
     simulate.add_argument(
-        "--dataset", type=Path, default=None, help="prepared dataset (default: the built-in reference mix)"
+        "--dataset", type=str, default=None, help="prepared dataset, a folder or msc://profile/path (default: the built-in reference mix)"
     )
     simulate.add_argument("--samples", type=int, default=4000, help="samples of the reference mix")
     simulate.add_argument(
@@ -193,12 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
     bench.add_argument(
-        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "all"), default="all", help="which benchmark to run"
+        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     bench.add_argument("--out", type=Path, default=None, help="working folder (default: $ENERGON_PACK_CACHE/bench or ~/.cache/energon_pack/bench)")
-    loader = bench.add_argument_group("loader stage (ours vs the eager HF-processor + FFD design)")
-    loader.add_argument("--dataset", type=Path, default=None, help="prepared dataset (default: the bench mix of --samples)")
+    loader = bench.add_argument_group("loader stage (ours vs the eager HF-processor + FFD design) and plan stage (--dataset, --seq-length, --workers)")
+    loader.add_argument("--dataset", type=str, default=None, help="prepared dataset, a folder or msc://profile/path (default: the bench mix of --samples)")
     loader.add_argument("--seq-length", type=int, default=8192, help="row width W in tokens")
     loader.add_argument(
         "--buffer-sizes", type=comma_separated_ints, default="16,64,256", help="buffer sizes, comma-separated"
@@ -213,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_cmd_bench)
 
     plan = command("plan", "pack a whole split once (header-only), for a deterministic, elastic loader")
-    plan.add_argument("dataset", type=Path, help="prepared dataset (one WebDataset folder)")
+    plan.add_argument("dataset", type=str, help="prepared dataset (one WebDataset folder, or msc://profile/path)")
     plan.add_argument("--config", type=Path, required=True, help="packing config YAML (seq_length, alignment, ...)")
     plan.add_argument("--processor", default=None, help="processor path or hub id (default: the offline Qwen2.5-VL one)")
     plan.add_argument("--out", type=Path, required=True, help="plan file to write")
@@ -222,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(func=_cmd_plan)
 
     inspect = command("inspect", "summarise a prepared dataset: samples, media, token lengths, bad samples")
-    inspect.add_argument("dataset", type=Path, help="prepared dataset folder (the --out of prepare)")
+    inspect.add_argument("dataset", type=str, help="prepared dataset folder (the --out of prepare), or msc://profile/path")
     inspect.add_argument("--split", default="train", help="split to read")
     inspect.add_argument("--limit", type=int, default=None, help="read at most this many samples (default: all)")
     inspect.set_defaults(func=_cmd_inspect)

@@ -21,9 +21,11 @@ def ensure_synthetic_dataset(out_dir: Path, num_samples: int, seed: int = 0) -> 
     """Generate (once) the synthetic dataset for ``(num_samples, seed)``; return its path."""
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 
-    dataset = out_dir / f"synthetic-{num_samples}-{seed}"
+    # "media2": the mix with real-world media (a folder cached by an earlier release holds the old mix).
+    dataset = out_dir / f"synthetic-media2-{num_samples}-{seed}"
     if not (dataset / "dataset" / ".nv-meta" / "dataset.yaml").exists():
-        make_synthetic_dataset(dataset, num_samples, seed=seed, spec=SyntheticSpec(corrupt_fraction=0.03), progress=True)
+        spec = SyntheticSpec(corrupt_fraction=0.03, real_world_fraction=0.25)
+        make_synthetic_dataset(dataset, num_samples, seed=seed, spec=spec, progress=True)
     return dataset / "dataset"
 
 

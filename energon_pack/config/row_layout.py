@@ -24,6 +24,13 @@ LOSS_REDUCTIONS: tuple[str, ...] = ("token", "sample", "square")
 
 PIXEL_DTYPES: tuple[str, ...] = ("float32", "uint8")
 
+#: Default ``max_image_pixels``: 2 * PIL's default ``Image.MAX_IMAGE_PIXELS`` (89,478,485), the
+#: largest image Pillow opens at all (about 179 MP).
+DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
+#: The image limit before ``max_image_pixels`` existed (PIL's ``Image.MAX_IMAGE_PIXELS``): at this
+#: value the key stays out of the fingerprint, like the orientation when it is off.
+LEGACY_MAX_IMAGE_PIXELS = 89_478_485
+
 
 @dataclass(frozen=True, kw_only=True)
 class RowLayout:
@@ -49,6 +56,12 @@ class RowLayout:
     loss_reduction: what the trainer's per-token loss averages over: "token" (every supervised
         token alike), "sample" (each sample's mean loss alike) or "square" (InternVL's
         1/sqrt(n) weighting), realised as per-token weights in ``loss_mask``.
+    apply_exif_orientation: turn images upright by their EXIF orientation (token counts from the
+        header, orientations 5-8 swap the sides), exactly as ``transformers.image_utils.load_image``
+        does; False: the stored pixels (sideways phone photos; how rows were built before this knob).
+    max_image_pixels: images with more stored pixels (width * height) are skipped as
+        ``pixel_bomb``; default 178,956,970 (2 * PIL's ``Image.MAX_IMAGE_PIXELS``, the most Pillow
+        opens at all). Worker memory for the largest: docs/worker_memory.md.
     """
 
     seq_length: int
@@ -62,6 +75,8 @@ class RowLayout:
     pixel_dtype: Literal["float32", "uint8"] = "uint8"
     fast_jpeg_decode: bool = False
     loss_reduction: Literal["token", "sample", "square"] = "token"
+    apply_exif_orientation: bool = True
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
     def __post_init__(self) -> None:
         raise_if_problems(type(self).__name__, self.problems())
@@ -76,11 +91,34 @@ class RowLayout:
         return self.topology.pad_multiple if self.pad_to_multiple_of is None else self.pad_to_multiple_of
 
     def fingerprint(self) -> dict[str, Any]:
-        """Resume-relevant values, the alignment multiple instead of the topology that derives it
-        (``fast_jpeg_decode`` only when set, so that states saved before it existed still resume)."""
+        """Resume-relevant values, the alignment multiple instead of the topology that derives it.
+
+        Knobs added later enter only away from the behaviour before they existed, so an absent key
+        in a saved state means that behaviour: ``fast_jpeg_decode`` only when set;
+        ``apply_exif_orientation`` only when on (rows were built from the stored pixels before, so
+        a state saved then resumes exactly only with ``apply_exif_orientation=False``);
+        ``max_image_pixels`` unless it is 89,478,485 (the limit then). See `media_fingerprint`.
+        """
         values = {**fingerprint_fields(self), "pad_multiple": self.pad_multiple}
-        if not values["fast_jpeg_decode"]:
-            del values["fast_jpeg_decode"]
+        for name in ("fast_jpeg_decode", "apply_exif_orientation", "max_image_pixels"):
+            del values[name]
+        if self.fast_jpeg_decode:
+            values["fast_jpeg_decode"] = True
+        return {**values, **self.media_fingerprint()}
+
+    def media_fingerprint(self) -> dict[str, Any]:
+        """The media knobs that change which samples a row holds (token counts, skips), each only
+        when it differs from the behaviour before it existed (resume and plan fingerprints take them).
+
+        Example: ``RowLayout(seq_length=8192).media_fingerprint()`` -> ``{"apply_exif_orientation":
+        True, "max_image_pixels": 178956970}``; with ``apply_exif_orientation=False,
+        max_image_pixels=89478485`` -> ``{}``.
+        """
+        values: dict[str, Any] = {}
+        if self.apply_exif_orientation:
+            values["apply_exif_orientation"] = True
+        if self.max_image_pixels != LEGACY_MAX_IMAGE_PIXELS:
+            values["max_image_pixels"] = self.max_image_pixels
         return values
 
     def problems(self) -> Iterator[str | None]:
@@ -104,6 +142,8 @@ class RowLayout:
             )
         yield choice_problem("pixel_dtype", self.pixel_dtype, PIXEL_DTYPES)
         yield bool_problem("fast_jpeg_decode", self.fast_jpeg_decode)
+        yield bool_problem("apply_exif_orientation", self.apply_exif_orientation)
+        yield int_problem("max_image_pixels", self.max_image_pixels, minimum=1)
         yield choice_problem("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
 
     def _width_problems(self, topology_ok: bool) -> Iterator[str | None]:

@@ -1,13 +1,14 @@
 """The Energon sample type and the dataset class named in ``.nv-meta/dataset.yaml``.
 
 On disk (WebDataset) one sample is ``<key>.json`` (the conversation: a list of messages) plus
-``<key>.<i>.<ext>`` media files: images (``jpg``/``jpeg``/``png``/``webp``) and videos (``mp4``),
+``<key>.<i>.<ext>`` media files: images (``IMAGE_EXTENSIONS``) and videos (``VIDEO_EXTENSIONS``),
 numbered from 0 per kind. Media stay compressed bytes: nothing is decoded when loading.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Energon's config parser (dataset.yaml -> constructor
+# arguments) reads ``QwenVLChatWebdataset.__init__``'s annotations as objects.
 
-from typing import Any, Optional
+from typing import Any, Optional, Type
 
 from megatron.energon import Sample
 from megatron.energon.edataclass import edataclass
@@ -21,8 +22,10 @@ from energon_pack.core.conversation import (
 from energon_pack.core.energon_fixes import forget_read_tar_members
 from energon_pack.errors import BadSampleError
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
-VIDEO_EXTENSIONS = ("mp4",)
+#: Image file extensions (every format Pillow decodes that the processor takes; GIF: first frame).
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
+#: Video file extensions (containers PyAV demuxes; audio streams are ignored).
+VIDEO_EXTENSIONS = ("mp4", "m4v", "webm", "mkv", "mov", "avi")
 CONVERSATION_PART = "json"
 
 
@@ -37,9 +40,9 @@ class QwenVLChatSample(Sample):
 
     #: Typed messages (see ``energon_pack.core.conversation``).
     conversation: list[Message]
-    #: Compressed image files (JPEG/PNG/WebP bytes), in placeholder order.
+    #: Compressed image files (JPEG, PNG, WebP, GIF, BMP, TIFF bytes), in placeholder order.
     images: list[bytes]
-    #: Compressed video files (MP4 bytes), in placeholder order.
+    #: Compressed video files (MP4, M4V, WebM, MKV, MOV, AVI bytes), in placeholder order.
     videos: list[bytes]
     #: Skip reason (``BadSampleError.reason``) of a conversation that failed validation, else None.
     invalid_reason: Optional[str] = None
@@ -84,11 +87,23 @@ def chat_fields_from_parts(parts: dict[str, Any]) -> dict[str, Any]:
 
 
 class QwenVLChatWebdataset(DefaultGenericWebdatasetFactory[QwenVLChatSample]):
-    """Energon dataset class for Qwen-VL chat WebDatasets (``__module__: energon_pack``)."""
+    """Energon dataset class for Qwen-VL chat WebDatasets (``__module__: energon_pack``).
+
+    ``sample_type``: what dataset.yaml's ``sample_type`` block names (``energon info`` reads it);
+    only ``QwenVLChatSample`` is accepted, and datasets written without the block load as well.
+    """
 
     __sample_type__ = QwenVLChatSample
 
-    def __init__(self, path: Any, *, decoder: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, path: Any, *, sample_type: Type[QwenVLChatSample] = QwenVLChatSample, decoder: Any = None, **kwargs: Any
+    ) -> None:
+        if sample_type is not QwenVLChatSample:
+            raise ValueError(
+                f"dataset.yaml names sample_type {sample_type.__module__}.{sample_type.__qualname__}, but "
+                "QwenVLChatWebdataset reads only energon_pack.core.samples.QwenVLChatSample; fix: rewrite "
+                ".nv-meta/dataset.yaml with energon-pack prepare"
+            )
         # ``decoder`` (from the task encoder) is accepted and unused: media always stay compressed,
         # and no member is ever unpickled (Energon's default decoder would unpickle .pyd parts).
         forget_read_tar_members()  # before workers fork: their shard readers must not grow

@@ -10,6 +10,10 @@ Records are assigned to the train/val/test splits one by one, in proportion to
 ``--split-ratio`` (so a small dataset splits as asked), and each split has its own shards
 ``shards/<split>-NNNNNN.tar``. The dataset is written into a staging folder beside ``--out``
 and moved into place only when everything succeeded.
+
+The metadata is read by our loader and by Energon's own tools (``energon lint``, ``energon info``,
+``energon preview``): ``split.yaml`` lists every split part (train, val, test; empty ones as
+``[]``), and ``dataset.yaml`` names our dataset class and its sample type.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from energon_pack.config.row_layout import DEFAULT_MAX_IMAGE_PIXELS
 from energon_pack.core.conversation import ChatRecord, check_no_assistant_media, parse_record
+from energon_pack.core.tables import format_table
 from energon_pack.errors import BadSampleError, UsageError
 from energon_pack.core.samples import (
     CONVERSATION_PART,
@@ -33,10 +39,20 @@ from energon_pack.core.samples import (
     media_part_name,
 )
 
-DATASET_YAML = "__module__: energon_pack\n__class__: QwenVLChatWebdataset\n"
+#: ``__module__``/``__class__`` pick our dataset class (our loader, ``energon lint``/``preview``);
+#: ``sample_type`` is what ``energon info`` reads (passed to the class, which checks it).
+DATASET_YAML = (
+    "__module__: energon_pack\n"
+    "__class__: QwenVLChatWebdataset\n"
+    "sample_type:\n"
+    "  __module__: energon_pack.core.samples\n"
+    "  __class__: QwenVLChatSample\n"
+)
 SPLIT_NAMES = ("train", "val", "test")
 #: Key prefix of records without an id (``_line7``); user ids may not start with it.
 GENERATED_ID_PREFIX = "_line"
+#: Most record problems a "no good record" error lists (the report lists them all).
+ERROR_PROBLEM_LINES = 20
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,11 @@ class PrepareReport:
     split_counts: dict[str, int] = field(default_factory=dict)
     #: Records without an id, written under ``GENERATED_ID_PREFIX`` + line number.
     generated_ids: int = 0
+    #: Media files written by (kind, format, codec): images ``("image", "JPEG", "-")`` (PIL
+    #: format), videos ``("video", "webm", "vp9")`` (file extension, decoder name).
+    media_kinds: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    #: Images whose EXIF orientation (2-8) turns them when loaded (``RowLayout.apply_exif_orientation``).
+    oriented_images: int = 0
 
     def problem_counts(self) -> Counter[str]:
         """Skipped records by reason."""
@@ -173,55 +194,91 @@ def _media_extension(path: Path, allowed: tuple[str, ...], kind: str) -> str:
     return extension
 
 
-def _check_media_header(data: bytes, kind: str, name: str) -> None:
+def _check_media_header(data: bytes, kind: str, name: str, *, max_image_pixels: int) -> Any:
+    """The header facts of one media file (``qwen.media.ImageInfo`` / ``VideoInfo``); a bad header is
+    ``unreadable_media`` whose detail starts with the loader's reason (``pixel_bomb``, ``unsupported_codec``...)."""
     from energon_pack.qwen.media import probe_image, probe_video
 
     try:
-        probe_image(data) if kind == "image" else probe_video(data)
+        return probe_image(data, max_pixels=max_image_pixels) if kind == "image" else probe_video(data)
     except ValueError as err:
         raise BadSampleError("unreadable_media", f"{kind} {name!r}: {err}") from None
 
 
-def _check_media_decodes(data: bytes, kind: str, name: str) -> None:
+def _check_media_decodes(data: bytes, kind: str, name: str, header: Any) -> None:
     """Decode every pixel of an image, or every frame of a video (``--verify-media``)."""
-    from energon_pack.qwen.media import probe_video
     from energon_pack.qwen.pixels import decode_image, decode_video_frames
 
     try:
         if kind == "image":
             decode_image(data)
         else:
-            decode_video_frames(data, (0,), probe_video(data).num_frames)
+            decode_video_frames(data, (0,), header.num_frames)
     except BadSampleError as err:
         raise BadSampleError("unreadable_media", f"{kind} {name!r} does not decode: {err}") from None
 
 
-def build_wds_sample(key: str, record: ChatRecord, media_root: Path, *, verify_media: bool = False) -> dict[str, Any]:
+def media_kind(kind: str, extension: str, header: Any) -> tuple[str, str, str]:
+    """The report's (kind, format, codec) of one media file: images by PIL format (codec ``-``),
+    videos by file extension and decoder name.
+
+    Example: ``("video", "webm", <VideoInfo codec="vp9">)`` -> ``("video", "webm", "vp9")``;
+    ``("image", "jpg", <ImageInfo format="MPO">)`` -> ``("image", "MPO", "-")``.
+    """
+    if kind == "image":
+        return kind, header.format, "-"
+    return kind, extension, header.codec
+
+
+def build_wds_sample(
+    key: str,
+    record: ChatRecord,
+    media_root: Path,
+    *,
+    verify_media: bool = False,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    report: PrepareReport | None = None,
+) -> dict[str, Any]:
     """The WebDataset sample dict of one record (media read as bytes and header-checked; fully
-    decoded too with ``verify_media``)."""
+    decoded too with ``verify_media``). With ``report``, its media are counted there
+    (``media_kinds``, ``oriented_images``) once the whole record passed."""
     sample: dict[str, Any] = {"__key__": key}
     sample[CONVERSATION_PART] = json.dumps(record.messages, ensure_ascii=False).encode("utf-8")
+    kinds: list[tuple[str, str, str]] = []
+    oriented = 0
     for kind, paths, allowed in (("image", record.images, IMAGE_EXTENSIONS), ("video", record.videos, VIDEO_EXTENSIONS)):
         for index, relative in enumerate(paths):
             path = resolve_media_path(media_root, relative)
             extension = _media_extension(path, allowed, kind)
             data = path.read_bytes()
-            _check_media_header(data, kind, relative)
+            header = _check_media_header(data, kind, relative, max_image_pixels=max_image_pixels)
             if verify_media:
-                _check_media_decodes(data, kind, relative)
+                _check_media_decodes(data, kind, relative, header)
+            kinds.append(media_kind(kind, extension, header))
+            oriented += kind == "image" and header.orientation != 1
             sample[media_part_name(index, extension)] = data
+    if report is not None:
+        report.media_kinds.update(kinds)
+        report.oriented_images += oriented
     return sample
 
 
-def write_energon_metadata(out_dir: Path, shard_names: list[str], split_names: Sequence[str]) -> None:
-    """Run Energon's prepare step (index, and each split's shards by name) and write ``dataset.yaml``."""
+def write_energon_metadata(out_dir: Path, shard_names: list[str]) -> None:
+    """Run Energon's prepare step (index, and each split's shards by name) and write ``dataset.yaml``.
+
+    ``split.yaml`` lists every split of ``SPLIT_NAMES`` (a split without shards as ``[]``, as
+    ``energon prepare --split-ratio 1,0,0`` writes it): ``energon lint`` checks train, val and
+    test and refuses a dataset that does not list one.
+    Example: shards ``["shards/train-000000.tar"]`` -> ``train: [shards/train-000000.tar]``,
+    ``val: []``, ``test: []``.
+    """
     from megatron.energon.flavors.webdataset import BaseWebdatasetFactory
 
     BaseWebdatasetFactory.prepare_dataset(
         out_dir,
         shard_names,
         # No backslashes: Energon brace-expands the patterns, which drops them.
-        split_parts_patterns=[(name, f"^shards/{name}-[0-9]+[.]tar$") for name in split_names],
+        split_parts_patterns=[(name, f"^shards/{name}-[0-9]+[.]tar$") for name in SPLIT_NAMES],
         workers=1,
         shuffle_seed=None,
     )
@@ -274,6 +331,7 @@ def prepare_dataset(
     samples_per_shard: int = 100,
     allow_assistant_media: bool = False,
     verify_media: bool = False,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     progress: bool = True,
 ) -> PrepareReport:
     """Write the records of ``input_path`` as an Energon WebDataset under ``out_dir``.
@@ -285,9 +343,13 @@ def prepare_dataset(
     an assistant turn are skipped (``media_in_assistant_turn``) unless ``allow_assistant_media``.
     Media are checked from their headers; ``verify_media`` decodes every image and video frame too
     (slower), so media that are cut after the header are reported here rather than by the loader.
+    Images with more than ``max_image_pixels`` stored pixels are skipped (``unreadable_media``,
+    ``pixel_bomb``); keep it equal to the loader's ``RowLayout.max_image_pixels``.
     On any error nothing changes at ``out_dir``.
     """
     splits = parse_split_ratio(split_ratio)
+    if isinstance(max_image_pixels, bool) or not isinstance(max_image_pixels, int) or max_image_pixels < 1:
+        raise UsageError(f"--max-image-pixels {max_image_pixels!r} must be an integer >= 1, e.g. {DEFAULT_MAX_IMAGE_PIXELS}")
     if on_error not in ("skip", "fail"):
         raise ValueError(f"on_error={on_error!r} must be 'skip' or 'fail'")
     check_inputs(Path(input_path), Path(media_root))
@@ -297,10 +359,11 @@ def prepare_dataset(
         report = _write_dataset(
             Path(input_path), Path(media_root), staging, splits,
             on_error=on_error, samples_per_shard=samples_per_shard,
-            allow_assistant_media=allow_assistant_media, verify_media=verify_media, progress=progress,
+            allow_assistant_media=allow_assistant_media, verify_media=verify_media,
+            max_image_pixels=max_image_pixels, progress=progress,
         )
         check_splits_filled(split_ratio, report.split_counts)
-        write_energon_metadata(staging, report.shards, list(report.split_counts))
+        write_energon_metadata(staging, report.shards)
         _move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -319,6 +382,7 @@ def _write_dataset(
     samples_per_shard: int,
     allow_assistant_media: bool,
     verify_media: bool,
+    max_image_pixels: int,
     progress: bool,
 ) -> PrepareReport:
     """Write the shards of every split into ``out/shards``."""
@@ -344,7 +408,9 @@ def _write_dataset(
                     raise BadSampleError("duplicate_id", f"record id {key!r} was used by an earlier record")
                 if not allow_assistant_media:
                     check_no_assistant_media(parsed.messages)
-                sample = build_wds_sample(key, parsed, media_root, verify_media=verify_media)
+                sample = build_wds_sample(
+                    key, parsed, media_root, verify_media=verify_media, max_image_pixels=max_image_pixels, report=report
+                )
             except BadSampleError as err:
                 problem = RecordProblem(
                     line=line,
@@ -368,7 +434,12 @@ def _write_dataset(
             report.images += len(parsed.images)
             report.videos += len(parsed.videos)
     if not report.written:
-        raise PrepareError(f"no good record in {str(input_path)!r}: nothing to write ({len(report.problems)} problems)")
+        raise PrepareError(
+            "\n".join([
+                f"no good record in {str(input_path)!r}: nothing to write ({len(report.problems)} problems):",
+                *problem_lines(report.problems, limit=ERROR_PROBLEM_LINES),
+            ])
+        )
     report.shards = sorted(p.relative_to(out).as_posix() for p in (out / "shards").glob("*.tar"))
     return report
 
@@ -388,8 +459,33 @@ def check_splits_filled(split_ratio: str, counts: dict[str, int]) -> None:
         )
 
 
+def problem_lines(problems: Sequence[RecordProblem], *, limit: int | None = None) -> list[str]:
+    """One indented line per problem (the first ``limit``, then how many more).
+
+    Example: 3 problems with ``limit=2`` -> ``["  line 1: bad_json: ...", "  line 2: ...", "  ... and 1 more"]``.
+    """
+    shown = problems if limit is None else problems[:limit]
+    lines = [f"  {problem}" for problem in shown]
+    if len(problems) > len(shown):
+        lines.append(f"  ... and {len(problems) - len(shown)} more")
+    return lines
+
+
+def format_media_table(report: PrepareReport) -> str:
+    """The media written, one row per (kind, format, codec) with its file count.
+
+    Example: two VP9 WebMs and a JPEG -> a table with rows ``image JPEG - 1`` and ``video webm vp9 2``.
+    """
+    rows = [
+        {"kind": kind, "format": image_format, "codec": codec, "files": count}
+        for (kind, image_format, codec), count in sorted(report.media_kinds.items())
+    ]
+    return format_table(rows, ["kind", "format", "codec", "files"])
+
+
 def format_report(report: PrepareReport) -> str:
-    """Human-readable summary: written counts per split, generated ids, then one line per skipped record."""
+    """Human-readable summary: written counts per split, generated ids, the media table, then one
+    line per skipped record."""
     splits = ", ".join(f"{name}: {count}" for name, count in report.split_counts.items())
     lines = [
         f"wrote {report.written} samples ({report.images} images, {report.videos} videos) "
@@ -399,7 +495,14 @@ def format_report(report: PrepareReport) -> str:
         lines.append(
             f"{report.generated_ids} record(s) without an id: keys {GENERATED_ID_PREFIX}<line number> were generated"
         )
+    if report.media_kinds:
+        lines += ["media written:", format_media_table(report)]
+    if report.oriented_images:
+        lines.append(
+            f"{report.oriented_images} image(s) carry an EXIF orientation: the loader turns them upright "
+            "(RowLayout.apply_exif_orientation)"
+        )
     if report.problems:
         lines.append(f"skipped {len(report.problems)} record(s):")
-        lines += [f"  {problem}" for problem in report.problems]
+        lines += problem_lines(report.problems)
     return "\n".join(lines)

@@ -27,7 +27,19 @@ _WORDS = (
 # (format, PIL mode) combinations the generator draws from; JPEG cannot store alpha or palette.
 IMAGE_KINDS = (("JPEG", "RGB"), ("JPEG", "L"), ("PNG", "RGB"), ("PNG", "RGBA"), ("PNG", "L"), ("PNG", "P"),
                ("WEBP", "RGB"), ("WEBP", "RGBA"))
-_EXTENSION = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
+#: What ``SyntheticSpec.real_world_fraction`` draws from instead: (format, PIL mode, EXIF
+#: orientation or None): phone photos stored sideways, animated-format first frames, scans.
+REAL_WORLD_IMAGE_KINDS = (("JPEG", "RGB", 6), ("JPEG", "RGB", 8), ("JPEG", "RGB", 3), ("WEBP", "RGB", 6),
+                          ("GIF", "P", None), ("BMP", "RGB", None), ("TIFF", "RGB", None))
+#: Video (container format, file extension, encoder, encoder options) drawn with
+#: ``real_world_fraction``; the other videos are H.264 MP4.
+REAL_WORLD_VIDEO_KINDS = (
+    ("webm", "webm", "libvpx-vp9", {"deadline": "realtime", "cpu-used": "8"}),
+    ("matroska", "mkv", "libx264", {}),
+    ("mov", "mov", "libx264", {}),
+    ("avi", "avi", "mpeg4", {}),
+)
+_EXTENSION = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,10 +59,18 @@ class SyntheticSpec:
     video_preset: str | None = None
     #: Fraction of images written as PNGs cut in half: the header reads, decoding fails.
     corrupt_fraction: float = 0.0
+    #: Fraction of images and videos drawn from ``REAL_WORLD_IMAGE_KINDS`` / ``REAL_WORLD_VIDEO_KINDS``
+    #: (EXIF-turned JPEG/WebP, GIF, BMP, TIFF; WebM VP9, MKV, MOV, AVI) instead of the plain kinds.
+    real_world_fraction: float = 0.0
 
 
-def encode_image(pixels: np.ndarray, image_format: str, mode: str) -> bytes:
-    """Encode an RGB uint8 array [H, W, 3] as ``image_format`` bytes in PIL ``mode``."""
+def encode_image(pixels: np.ndarray, image_format: str, mode: str, *, orientation: int | None = None) -> bytes:
+    """Encode an RGB uint8 array [H, W, 3] as ``image_format`` bytes in PIL ``mode``, with an EXIF
+    ``orientation`` (1-8: the loader turns the image upright by it) when given.
+
+    Example: ``encode_image(np.zeros((22, 64, 3), np.uint8), "JPEG", "RGB", orientation=6)`` -> a
+    JPEG stored 64x22 that loads as 22x64.
+    """
     from PIL import Image
 
     image = Image.fromarray(pixels, mode="RGB")
@@ -58,26 +78,41 @@ def encode_image(pixels: np.ndarray, image_format: str, mode: str) -> bytes:
         image = image.quantize(colors=64)
     elif mode != "RGB":
         image = image.convert(mode)
+    options: dict[str, Any] = {"quality": 90} if image_format in ("JPEG", "WEBP") else {}
+    if orientation is not None:
+        exif = Image.Exif()
+        exif[0x0112] = orientation  # EXIF Orientation
+        options["exif"] = exif.tobytes()
     buffer = io.BytesIO()
-    image.save(buffer, format=image_format, **({"quality": 90} if image_format in ("JPEG", "WEBP") else {}))
+    image.save(buffer, format=image_format, **options)
     return buffer.getvalue()
 
 
 def encode_video(
-    frames: np.ndarray | Iterable[np.ndarray], fps: int, *, codec: str = "libx264", preset: str | None = None
+    frames: np.ndarray | Iterable[np.ndarray],
+    fps: int,
+    *,
+    codec: str = "libx264",
+    preset: str | None = None,
+    container_format: str = "mp4",
+    options: dict[str, str] | None = None,
 ) -> bytes:
     """Encode RGB uint8 frames [T, H, W, 3] (H, W even; or an iterable of [H, W, 3] frames, encoded
-    as they come) as an MP4 with PyAV; ``preset`` is the x264 preset (e.g. "ultrafast").
+    as they come) with PyAV as ``container_format`` (an FFmpeg muxer: "mp4", "webm", "matroska",
+    "mov", "avi"); ``preset`` is the x264 preset (e.g. "ultrafast"), ``options`` other encoder options.
 
-    Example: ``encode_video(np.zeros((20, 64, 96, 3), np.uint8), fps=10)`` -> 2 s MP4 bytes.
+    Example: ``encode_video(np.zeros((20, 64, 96, 3), np.uint8), fps=10)`` -> 2 s MP4 bytes;
+    ``codec="libvpx-vp9", container_format="webm"`` -> VP9 WebM bytes.
     """
     import av
 
     frames = iter(frames)
     first = next(frames)
     buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream(codec, rate=Fraction(fps), **({"options": {"preset": preset}} if preset else {}))
+    encoder_options = {**(options or {}), **({"preset": preset} if preset else {})}
+    with av.open(buffer, mode="w", format=container_format) as container:
+        extra = {"options": encoder_options} if encoder_options else {}
+        stream = container.add_stream(codec, rate=Fraction(fps), **extra)
         stream.height, stream.width = first.shape[0], first.shape[1]
         stream.pix_fmt = "yuv420p"
         for frame in itertools.chain([first], frames):
@@ -103,17 +138,26 @@ def _sentence(rng: np.random.Generator, min_words: int, max_words: int) -> str:
     return " ".join(words).capitalize() + "."
 
 
+def _real_world(rng: np.random.Generator, spec: SyntheticSpec) -> bool:
+    """Whether the next medium is drawn from the real-world kinds (no random draw at fraction 0, so
+    the plain mix stays the same)."""
+    return spec.real_world_fraction > 0 and rng.random() < spec.real_world_fraction
+
+
 def _write_image(rng: np.random.Generator, spec: SyntheticSpec, path: Path) -> str:
     image_format, mode = IMAGE_KINDS[int(rng.integers(len(IMAGE_KINDS)))]
+    orientation = None
+    if _real_world(rng, spec):
+        image_format, mode, orientation = REAL_WORLD_IMAGE_KINDS[int(rng.integers(len(REAL_WORLD_IMAGE_KINDS)))]
     corrupt = spec.corrupt_fraction > 0 and rng.random() < spec.corrupt_fraction
     if corrupt:
-        image_format, mode = "PNG", "RGB"
+        image_format, mode, orientation = "PNG", "RGB", None
     side = int(rng.integers(spec.min_image_side, spec.max_image_side + 1))
     aspect = float(np.exp(rng.uniform(np.log(1 / 3), np.log(3))))
     height = max(spec.min_image_side, min(spec.max_image_side, int(side / np.sqrt(aspect))))
     width = max(spec.min_image_side, min(spec.max_image_side, int(side * np.sqrt(aspect))))
     name = f"{path.name}.{_EXTENSION[image_format]}"
-    data = encode_image(_smooth_pixels(rng, height, width), image_format, mode)
+    data = encode_image(_smooth_pixels(rng, height, width), image_format, mode, orientation=orientation)
     path.with_name(name).write_bytes(data[: len(data) // 2] if corrupt else data)
     return name
 
@@ -131,8 +175,14 @@ def _write_video(rng: np.random.Generator, spec: SyntheticSpec, path: Path) -> s
     else:
         shifts = np.arange(num_frames, dtype=np.int16)[:, None, None, None] * 3
         frames = np.clip(first.astype(np.int16)[None] + shifts, 0, 255).astype(np.uint8)
-    name = f"{path.name}.mp4"
-    path.with_name(name).write_bytes(encode_video(frames, fps, preset=spec.video_preset))
+    if _real_world(rng, spec):
+        kind = REAL_WORLD_VIDEO_KINDS[int(rng.integers(len(REAL_WORLD_VIDEO_KINDS)))]
+        container_format, extension, codec, options = kind
+        data = encode_video(frames, fps, codec=codec, container_format=container_format, options=options)
+    else:
+        extension, data = "mp4", encode_video(frames, fps, preset=spec.video_preset)
+    name = f"{path.name}.{extension}"
+    path.with_name(name).write_bytes(data)
     return name
 
 

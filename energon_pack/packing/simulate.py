@@ -34,6 +34,7 @@ __all__ = [
     "format_table",
     "iter_rounds",
     "plot_fill",
+    "iter_reference_mix",
     "reference_length_mix",
     "reference_mix",
     "simulate_ffd_per_buffer",
@@ -69,10 +70,15 @@ def reference_length_mix(n: int, seed: int = 0) -> list[int]:
 
     Example: ``len(reference_length_mix(5, seed=1)) == 5``.
     """
-    return [sample.tokens for sample in reference_mix(n, seed)]
+    return [sample.tokens for sample in iter_reference_mix(n, seed)]
 
 
 def reference_mix(n: int, seed: int = 0) -> list[MixSample]:
+    """:func:`iter_reference_mix` as a list. Example: ``reference_mix(1, seed=0)[0].tokens > 0``."""
+    return list(iter_reference_mix(n, seed))
+
+
+def iter_reference_mix(n: int, seed: int = 0) -> Iterator[MixSample]:
     """``n`` samples drawn from a reference Qwen-VL SFT mix (deterministic in ``seed``).
 
     Components (share of samples -> tokens per sample, chat template included;
@@ -93,7 +99,8 @@ def reference_mix(n: int, seed: int = 0) -> list[MixSample]:
     baseline: first-fit-decreasing per buffer at W=8192 gives ~74 % / 84 % / 91 %
     fill with buffers of 8 / 16 / 32, in line with Megatron-Bridge's FFD on real
     VLM SFT data.  A few multi-image or video samples exceed 8192 tokens and are
-    skipped as overlong at W=8192.  Example: ``reference_mix(1, seed=0)[0].tokens > 0``.
+    skipped as overlong at W=8192.  Yields them one by one (ten million fit in a stream).
+    Example: ``next(iter_reference_mix(1, seed=0)).tokens > 0``.
     """
     rng = random.Random(seed)
     media_rng = random.Random(f"{seed}-media")
@@ -110,7 +117,6 @@ def reference_mix(n: int, seed: int = 0) -> list[MixSample]:
     def visual(tokens: int, *, images: int = 0, videos: int = 0) -> tuple[int, int, int]:
         return PATCHES_PER_VISUAL_TOKEN * tokens, images, videos
 
-    samples = []
     for _ in range(n):
         u = rng.random()
         if u < 0.45:
@@ -130,8 +136,7 @@ def reference_mix(n: int, seed: int = 0) -> list[MixSample]:
             text_tokens = media_rng.randint(30, 300)
             vision = visual(tokens - text_tokens, videos=1) if dense_video else visual(0)
         patches, images, videos = vision
-        samples.append(MixSample(tokens=tokens, vision_patches=patches, images=images, videos=videos))
-    return samples
+        yield MixSample(tokens=tokens, vision_patches=patches, images=images, videos=videos)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,10 +3,12 @@
 1. **Measure** (:func:`measure_split`): an Energon validation loader (worker processes, one
    pass, no shuffling) runs the task encoder's ``preencode_sample`` on every sample (tokens
    and media geometry from headers, no pixel decode) and sends back only
-   ``(Energon sample index, tokens, skip reason)``.
+   ``(Energon sample index, tokens, skip reason)``. Under torchrun (``energon-pack plan`` with
+   ``WORLD_SIZE`` > 1, gloo) every rank measures the slice Energon gives it and rank 0 gathers
+   the slices (:func:`measure_split_distributed`).
 2. **Plan** (:func:`plan_measurement`): bad samples and samples that fit no row are counted
    by reason (or raise, with ``on_overlong="error"``), the rest packed by
-   :func:`energon_pack.packing.global_plan.plan_rows` under the online budgets (``seq_length``
+   :func:`energon_pack.packing.global_plan.plan_rows_flat` under the online budgets (``seq_length``
    slots after alignment, ``max_segments``, ``max_row_vision_patches``, ``max_row_media``);
    with ``balance_steps`` the rows are then balanced toward equal modelled FLOPs
    (:func:`energon_pack.packing.balance.balance_rows`, same budgets and row count) and the plan
@@ -18,9 +20,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -28,10 +32,11 @@ from typing import Any, Optional
 import numpy as np
 
 from energon_pack.config import PackingConfig
+from energon_pack.errors import UsageError
 from energon_pack.identity import encoder_fingerprint, plan_fingerprint, split_fingerprint
 from energon_pack.packing.balance import balance_rows
 from energon_pack.packing.budget import row_budget, sample_misfit
-from energon_pack.packing.global_plan import plan_rows
+from energon_pack.packing.global_plan import plan_rows_flat, rows_to_lists
 from energon_pack.plan.file import PackPlan
 from energon_pack.rows.flops import CostModel, grid_rows
 
@@ -39,8 +44,13 @@ __all__ = [
     "Measurement",
     "build_plan",
     "dataset_fingerprint",
+    "MeasuredSlice",
     "measure_split",
+    "measure_split_distributed",
+    "merge_slices",
+    "plan_split",
     "plan_measurement",
+    "synthetic_shards",
     "webdataset_index",
 ]
 
@@ -106,6 +116,8 @@ class Measurement:
     flops: np.ndarray
     #: Skipped samples by reason (preencode's skip markers, samples that fit no row).
     skipped: Counter[str] = field(default_factory=Counter)
+    #: Samples measured per worker process, by ``"rank:worker"`` (``"0:-1"``: the main process).
+    per_worker: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def empty(cls, size: int) -> Measurement:
@@ -124,7 +136,8 @@ class Measurement:
 
 def _length_encoder(encoder: Any) -> Any:
     """An Energon task encoder that maps a sample to ``(index, tokens, vision patches, media,
-    FLOPs, skip reason)``, in batches; a sample that fits no row (``sample_misfit``) is a skip."""
+    FLOPs, skip reason)``, in batches tagged with the worker process id (-1: the main process);
+    a sample that fits no row (``sample_misfit``) is a skip."""
     from megatron.energon import Sample, TaskEncoder
     from megatron.energon.edataclass import edataclass
     from megatron.energon.task_encoder.base import stateless
@@ -163,8 +176,12 @@ def _length_encoder(encoder: Any) -> Any:
             )
 
         @stateless
-        def batch(self, samples: list[SampleSize]) -> list[tuple[int, int, int, int, int, str | None]]:
-            return [(s.index, s.tokens, s.vision, s.media, s.flops, s.skip_reason) for s in samples]
+        def batch(self, samples: list[SampleSize]) -> tuple[int, list[tuple[int, int, int, int, int, str | None]]]:
+            import torch.utils.data
+
+            info = torch.utils.data.get_worker_info()
+            worker = -1 if info is None else info.id
+            return worker, [(s.index, s.tokens, s.vision, s.media, s.flops, s.skip_reason) for s in samples]
 
     return LengthEncoder()
 
@@ -173,20 +190,103 @@ def measure_split(
     path: str | Path, encoder: Any, *, split: str = "train", num_workers: int = 2, progress: bool = True
 ) -> Measurement:
     """Preencode (headers only) every sample of ``split`` with ``num_workers`` processes."""
+    return _measure_slice(path, encoder, split=split, num_workers=num_workers, progress=progress, rank=0, world_size=1)[0]
+
+
+def measure_split_distributed(
+    path: str | Path, encoder: Any, *, split: str = "train", num_workers: int = 2, progress: bool = True
+) -> Measurement | None:
+    """:func:`measure_split` over the ranks of the initialised ``torch.distributed`` group: each
+    rank preencodes the slice of samples Energon gives it (``WorkerConfig(rank, world_size)``,
+    ``num_workers`` processes each), and rank 0 gathers the slices into the split's
+    ``Measurement`` (the single-process one: it is indexed by Energon sample index). Returns it
+    on rank 0 and None on the other ranks; a sample measured never or twice raises RuntimeError.
+    """
+    import torch.distributed as dist
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    measurement, seen = _measure_slice(
+        path, encoder, split=split, num_workers=num_workers, progress=progress and rank == 0, rank=rank, world_size=world_size
+    )
+    mine = np.flatnonzero(seen)
+    part = MeasuredSlice(
+        indices=mine,
+        times=seen[mine],
+        tokens=measurement.tokens[mine],
+        vision=measurement.vision[mine],
+        media=measurement.media[mine],
+        flops=measurement.flops[mine],
+        skipped=dict(measurement.skipped),
+        per_worker=dict(measurement.per_worker),
+    )
+    parts: list[Any] | None = [None] * world_size if rank == 0 else None
+    dist.gather_object(part, parts, dst=0)
+    return merge_slices(parts, len(seen)) if parts is not None else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredSlice:
+    """What one rank measured: the Energon sample ``indices`` it read (``times`` each), their
+    tokens / vision / media (tokens ``UNMEASURED`` for its skips), its skip counts and its
+    per-worker sample counts."""
+
+    indices: np.ndarray
+    times: np.ndarray
+    tokens: np.ndarray
+    vision: np.ndarray
+    media: np.ndarray
+    flops: np.ndarray
+    skipped: dict[str, int]
+    per_worker: dict[str, int]
+
+
+def merge_slices(parts: Sequence[MeasuredSlice], total: int) -> Measurement:
+    """The ``Measurement`` of a split of ``total`` samples from its ranks' slices; every sample
+    must have been read exactly once (RuntimeError naming how many were not).
+
+    Example: slices with indices ``[0, 2]`` and ``[1]`` of a 3-sample split -> one Measurement
+    whose ``tokens[i]`` come from the slice that read ``i``.
+    """
+    measurement = Measurement.empty(total)
+    seen = np.zeros(total, dtype=np.int64)
+    for part in parts:
+        np.add.at(seen, part.indices, part.times)
+        measurement.tokens[part.indices] = part.tokens
+        measurement.vision[part.indices] = part.vision
+        measurement.media[part.indices] = part.media
+        measurement.flops[part.indices] = part.flops
+        measurement.skipped.update(part.skipped)
+        measurement.per_worker.update(part.per_worker)
+    if not (seen == 1).all():
+        raise RuntimeError(
+            f"the ranks read {int((seen == 0).sum())} of {total} samples never and {int((seen > 1).sum())} more than once; "
+            "fix: give every rank the same dataset path, split and Energon version"
+        )
+    return measurement
+
+
+def _measure_slice(
+    path: str | Path, encoder: Any, *, split: str, num_workers: int, progress: bool, rank: int, world_size: int
+) -> tuple[Measurement, np.ndarray]:
+    """The samples Energon gives ``rank`` of ``world_size`` (all of them at world size 1):
+    their Measurement (the other indices stay unmeasured and uncounted) and how often each
+    Energon sample index was read (int8 [total])."""
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
     from tqdm import tqdm
 
     from energon_pack.runtime.pinning import pin_only_with_accelerator
 
-    worker_config = WorkerConfig(rank=0, world_size=1, num_workers=num_workers)
-    total = len(open_split(path, split, worker_config))
+    worker_config = WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers)
+    total = len(open_split(path, split, WorkerConfig(rank=0, world_size=1, num_workers=0)))
     dataset = get_val_dataset(
         path, split_part=split, worker_config=worker_config, batch_size=64, task_encoder=_length_encoder(encoder)
     )
     measurement = Measurement.empty(total)
-    with tqdm(total=total, desc="preencode (headers)", unit="sample", disable=not progress) as bar:
-        for batch in pin_only_with_accelerator(get_loader(dataset)):
+    seen = np.zeros(total, dtype=np.int8)
+    with tqdm(total=-(-total // world_size), desc="preencode (headers)", unit="sample", disable=not progress) as bar:
+        for worker, batch in pin_only_with_accelerator(get_loader(dataset)):
             for index, tokens, vision, media, flops, reason in batch:
+                seen[index] += 1
                 if reason is None:
                     measurement.tokens[index] = tokens
                     measurement.vision[index] = vision
@@ -194,8 +294,9 @@ def measure_split(
                     measurement.flops[index] = flops
                 else:
                     measurement.skipped[reason] += 1
+            measurement.per_worker[f"{rank}:{worker}"] += len(batch)
             bar.update(len(batch))
-    return measurement
+    return measurement, seen
 
 
 # --------------------------------------------------------------------------- plan
@@ -206,23 +307,27 @@ def plan_measurement(measurement: Measurement, config: PackingConfig, fingerprin
     vision patches and media per row); skipped samples stay counted by reason. With
     ``balance_steps`` the rows are balanced by ``measurement.flops`` and carry their FLOPs."""
     kept = np.flatnonzero(measurement.tokens != UNMEASURED)
-    aligned = (-(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple).tolist()
+    aligned = -(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple
     budget = row_budget(config.row, config.policy)
-    limits = dict(vision=measurement.vision[kept].tolist(), media=measurement.media[kept].tolist())
-    rows = plan_rows(aligned, budget, min_fill=config.min_fill, **limits)
-    row_flops = None
+    limits = dict(vision=measurement.vision[kept], media=measurement.media[kept])
+    row_offsets, members = plan_rows_flat(aligned, budget, min_fill=config.min_fill, **limits)
+    row_arrays: dict[str, np.ndarray] = {}
     if config.policy.balance_steps:
         flops = measurement.flops[kept]
-        rows = balance_rows(rows, aligned, flops.astype(np.float64), budget, **limits)
+        rows = balance_rows(rows_to_lists(row_offsets, members), aligned, flops.astype(np.float64), budget, **limits)
+        row_offsets = np.concatenate([[0], np.cumsum([len(row) for row in rows], dtype=np.int64)])
+        members = np.array([i for row in rows for i in row], dtype=np.int64)
+        summed = np.concatenate([[0], np.cumsum(flops[members], dtype=np.int64)])
         constant = CostModel.of(config.policy.cost_model).constant(config.seq_length)
-        row_flops = np.array([constant + int(flops[row].sum()) for row in rows], dtype=np.int64)
-    return PackPlan.from_rows(
-        [kept[row].tolist() for row in rows],
+        row_arrays["row_flops"] = constant + summed[row_offsets[1:]] - summed[row_offsets[:-1]]
+    return PackPlan.from_csr(
+        row_offsets,
+        kept[members],
         measurement.tokens,
         fingerprint=fingerprint,
         samples_in=measurement.samples_in,
         skipped=dict(sorted(measurement.skipped.items())),
-        row_flops=row_flops,
+        row_arrays=row_arrays,
     )
 
 
@@ -242,12 +347,25 @@ def build_plan(
     encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
     workers = config.num_workers if num_workers is None else num_workers
     measurement = measure_split(path, encoder, split=split, num_workers=workers, progress=progress)
+    return plan_split(measurement, path, split, encoder, config)
+
+
+def plan_split(measurement: Measurement, path: str | Path, split: str, encoder: Any, config: PackingConfig) -> PackPlan:
+    """Plan ``measurement`` of ``split`` at ``path``, fingerprinted with the dataset, ``encoder`` and ``config``."""
     fingerprint = plan_fingerprint(dataset_fingerprint(path, split), encoder_fingerprint(encoder), config)
     return plan_measurement(measurement, config, fingerprint)
 
 
-def plan_report(plan: PackPlan, *, seq_length: int, seconds: float, path: Path | None = None) -> list[dict[str, Any]]:
-    """Rows of the ``energon-pack plan`` report table."""
+def plan_report(
+    plan: PackPlan,
+    *,
+    seq_length: int,
+    seconds: float,
+    path: Path | None = None,
+    per_worker: Mapping[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows of the ``energon-pack plan`` report table (``per_worker``: samples measured by each
+    ``"rank:worker"`` process, shown when given)."""
     real = int(plan.member_tokens.sum())
     rows: list[dict[str, Any]] = [
         {"metric": "samples read", "value": plan.samples_in},
@@ -262,25 +380,91 @@ def plan_report(plan: PackPlan, *, seq_length: int, seconds: float, path: Path |
         flops = plan.row_flops.astype(np.float64)
         rows.insert(4, {"metric": "row FLOPs: mean (TFLOP), CV, max/mean",
                         "value": f"{flops.mean() / 1e12:.2f}, {flops.std() / flops.mean():.3f}, {flops.max() / flops.mean():.3f}"})
+    if per_worker:
+        shares = " ".join(f"{name}={count}" for name, count in sorted(per_worker.items()))
+        rows.append({"metric": "samples measured per process (rank:worker)", "value": shares})
     if path is not None:
         rows.append({"metric": "plan file (KiB)", "value": f"{path.stat().st_size / 1024:.1f}"})
     return rows
 
 
-def run_plan(args: Any) -> int:
-    """``energon-pack plan DATASET --config packing.yaml [--processor PATH] --out PLAN``."""
-    from energon_pack.qwen.processor import load_processor
-    from energon_pack.core.tables import format_table
+def config_from_cli(path: str | os.PathLike[str]) -> PackingConfig:
+    """The packing config YAML given as ``--config``; a missing or invalid file is a one-line
+    ``UsageError`` naming the file and the fix.
 
-    config = PackingConfig.from_yaml(args.config)
+    Example: ``config_from_cli("missing.yaml")`` -> UsageError("--config 'missing.yaml' does not exist; fix: ...").
+    """
+    if not os.path.isfile(path):
+        raise UsageError(
+            f"--config {os.fspath(path)!r} does not exist; fix: pass a packing config YAML (e.g. "
+            "configs/qwen25vl_8k.yaml) or write one holding at least 'seq_length: 8192'"
+        )
+    try:
+        return PackingConfig.from_yaml(path)
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"--config {' '.join(str(err).split())}") from err
+
+
+def run_plan(args: Any) -> int:
+    """``energon-pack plan DATASET --config packing.yaml [--processor PATH] --out PLAN``; under
+    torchrun (``WORLD_SIZE`` > 1) every rank measures its slice and rank 0 writes the plan."""
+    from energon_pack.core.dataset_path import check_dataset_path
+    from energon_pack.core.tables import format_table
+    from energon_pack.qwen.processor import load_processor
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+
+    check_dataset_path(args.dataset, split=args.split)
+    config = config_from_cli(args.config)
     processor = load_processor(args.processor) if args.processor else load_processor()
+    encoder = QwenVLPackingTaskEncoder(config, processor)
+    workers = config.num_workers if args.workers is None else args.workers
     start = time.perf_counter()
-    plan = build_plan(args.dataset, config, processor, split=args.split, num_workers=args.workers)
-    plan.save(args.out)
-    print(format_table(plan_report(plan, seq_length=config.seq_length, seconds=time.perf_counter() - start, path=args.out)))
-    print(f"plan written to {args.out} (digest {plan.digest[:16]})")
+    with _torchrun_group() as group:
+        if group is None:
+            measurement = measure_split(args.dataset, encoder, split=args.split, num_workers=workers)
+        else:
+            measurement = measure_split_distributed(args.dataset, encoder, split=args.split, num_workers=workers)
+        if measurement is not None:
+            plan = plan_split(measurement, args.dataset, args.split, encoder, config)
+            plan.save(args.out)
+            seconds = time.perf_counter() - start
+            report = plan_report(plan, seq_length=config.seq_length, seconds=seconds, path=Path(args.out), per_worker=measurement.per_worker)
+            print(format_table(report))
+            print(f"plan written to {args.out} (digest {plan.digest[:16]})")
     return 0
 
+
+@contextlib.contextmanager
+def _torchrun_group() -> Iterator[Any]:
+    """``torch.distributed`` (gloo, initialised here unless it already is) when run by torchrun
+    with ``WORLD_SIZE`` > 1, else None; on exit the ranks meet at a barrier (rank 0 has written)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        yield None
+        return
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo")
+    try:
+        yield dist
+        dist.barrier()
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def synthetic_shards(num_samples: int, samples_per_shard: int = 1000) -> list[list[Any]]:
+    """A shard table for ``num_samples`` samples in shards of ``samples_per_shard`` (0 bytes each),
+    standing for a dataset in plan benchmarks.
+
+    Example: ``synthetic_shards(2500)`` -> ``[["shards/data-000000.tar", 1000, 0], [..., 1000, 0],
+    ["shards/data-000002.tar", 500, 0]]``.
+    """
+    return [
+        [f"shards/data-{i:06d}.tar", min(samples_per_shard, num_samples - start), 0]
+        for i, start in enumerate(range(0, num_samples, samples_per_shard))
+    ]
 
 
 def lengths_plan_table(
@@ -293,10 +477,9 @@ def lengths_plan_table(
     """
     import tempfile
 
-    shards = [
-        [f"shards/data-{i:06d}.tar", min(samples_per_shard, len(lengths) - start), 0]
-        for i, start in enumerate(range(0, len(lengths), samples_per_shard))
-    ]
+    from energon_pack.plan.file import open_plan
+
+    shards = synthetic_shards(len(lengths), samples_per_shard)
     table = []
     for width in widths:
         config = PackingConfig(seq_length=width, min_fill=min_fill)
@@ -313,7 +496,9 @@ def lengths_plan_table(
             plan.save(path)
             size = path.stat().st_size
             start = time.perf_counter()
-            PackPlan.load(path)
+            opened = open_plan(path)
+            if opened.num_rows:
+                opened.global_indices(0)
             loaded = time.perf_counter() - start
         table.append({
             "W": width,

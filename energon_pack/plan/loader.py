@@ -48,7 +48,7 @@ from energon_pack.identity import (
 from energon_pack.packing.balance import BalancedStream, check_balanced_resume, deal_step
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
 from energon_pack.plan.build import dataset_fingerprint, open_split
-from energon_pack.plan.file import PackPlan
+from energon_pack.plan.file import MappedPlan, PackPlan, open_plan
 from energon_pack.runtime.stats import PackingStats, aggregate_stats
 
 __all__ = ["PlanDataLoader", "PlanLoaderState", "check_plan_matches", "plan_data_loader"]
@@ -76,7 +76,7 @@ class PlanLoaderState:
 
 
 def check_plan_matches(
-    plan: PackPlan, path: Any, split: str, encoder: Any, config: PackingConfig
+    plan: PackPlan | MappedPlan, path: Any, split: str, encoder: Any, config: PackingConfig
 ) -> None:
     """Raise ``ResumeMismatchError`` naming every field where ``plan`` was built for something else
     (dataset shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
@@ -92,7 +92,7 @@ class PlanRowSource:
     """
 
     def __init__(
-        self, plan: PackPlan, path: Any, split: str, encoder: Any, *, seed: int, balance: BalancedStream | None = None
+        self, plan: PackPlan | MappedPlan, path: Any, split: str, encoder: Any, *, seed: int, balance: BalancedStream | None = None
     ) -> None:
         self.plan = plan
         #: The balanced stream order (a balanced plan read with micro_batches_per_step), else None.
@@ -394,7 +394,7 @@ class PlanDataLoader:
 
 def plan_data_loader(
     path: Any,
-    plan: PackPlan | str | os.PathLike[str],
+    plan: PackPlan | MappedPlan | str | os.PathLike[str],
     config: PackingConfig,
     encoder: Any,
     *,
@@ -421,7 +421,7 @@ def plan_data_loader(
             f"mode={config.mode!r}: a pack plan fixes each row's samples in advance, so it cannot be combined "
             "with in-batch rows; fix: set mode: online (the plan replaces online selection) or drop plan="
         )
-    plan = plan if isinstance(plan, PackPlan) else PackPlan.load(plan)
+    plan = plan if isinstance(plan, (PackPlan, MappedPlan)) else open_plan(plan)
     check_plan_matches(plan, path, split, encoder, config)
     if plan.num_rows == 0:
         raise ValueError(
@@ -444,7 +444,7 @@ def plan_data_loader(
     )
 
 
-def balanced_stream(plan: PackPlan, config: PackingConfig, *, world_size: int, repeat: bool) -> BalancedStream | None:
+def balanced_stream(plan: PackPlan | MappedPlan, config: PackingConfig, *, world_size: int, repeat: bool) -> BalancedStream | None:
     """The balanced stream of a plan with ``row_flops`` read with ``micro_batches_per_step``, else None."""
     micro = config.trainer.micro_batches_per_step
     if plan.row_flops is None or micro is None:

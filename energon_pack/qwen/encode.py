@@ -77,10 +77,21 @@ class QwenChatEncoder:
     device (``VisualInputs.normalized_for_model``).
     ``fast_jpeg``: decode a JPEG at least twice its target size at reduced scale (DCT domain), then
     resize it to the target (``qwen.pixels.decode_image``); pixels close to, not equal to, the exact path.
+    ``apply_exif_orientation``: turn images upright by their EXIF orientation, as
+    ``transformers.image_utils.load_image`` does (``RowLayout.apply_exif_orientation``).
+    ``max_image_pixels``: images with more stored pixels are skipped as ``pixel_bomb``
+    (``RowLayout.max_image_pixels``; None: ``qwen.media.default_max_image_pixels()``).
     """
 
     def __init__(
-        self, processor: Any, *, rope_spec: RopeSpec | None = None, uint8_pixels: bool = False, fast_jpeg: bool = False
+        self,
+        processor: Any,
+        *,
+        rope_spec: RopeSpec | None = None,
+        uint8_pixels: bool = False,
+        fast_jpeg: bool = False,
+        apply_exif_orientation: bool = True,
+        max_image_pixels: int | None = None,
     ) -> None:
         self.processor = processor
         self.vision = VisionSpec.from_processor(processor)
@@ -93,6 +104,8 @@ class QwenChatEncoder:
         self._patcher = ImagePatcher.for_processor(processor) if uint8_pixels else None
         #: Decode big JPEGs at reduced scale straight to their target size (``RowLayout.fast_jpeg_decode``).
         self.fast_jpeg = fast_jpeg
+        self.apply_exif_orientation = apply_exif_orientation
+        self.max_image_pixels = max_image_pixels
 
     def prepare(
         self,
@@ -109,7 +122,10 @@ class QwenChatEncoder:
         to the largest setting that fits (``qwen.fit.shrink_limits``); left as it is when none does.
         """
         with timed("probe"):
-            image_infos = [probe_image(data) for data in images]
+            image_infos = [
+                probe_image(data, max_pixels=self.max_image_pixels, apply_exif_orientation=self.apply_exif_orientation)
+                for data in images
+            ]
             video_infos = [probe_video(data) for data in videos]
         geometry = media_geometry(image_infos, video_infos, self.vision)
         tokens = self._tokenize(conversation, geometry)
@@ -198,6 +214,7 @@ class QwenChatEncoder:
                 uint8=self.uint8_pixels,
                 max_pixels=prepared.image_max_pixels,
                 fast_jpeg=self.fast_jpeg,
+                apply_exif_orientation=self.apply_exif_orientation,
                 out=slots.images,
                 patcher=self._patcher,
             )

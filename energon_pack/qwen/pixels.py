@@ -29,27 +29,39 @@ from energon_pack.core.stage_times import timed
 from energon_pack.qwen.template import VideoTiming
 
 
-def decode_image(data: bytes, *, draft_size: tuple[int, int] | None = None) -> Any:
-    """Open and fully decode one image (PIL, original mode); corrupt or truncated data is a bad sample.
+def decode_image(
+    data: bytes, *, draft_size: tuple[int, int] | None = None, apply_exif_orientation: bool = True
+) -> Any:
+    """Open and fully decode one image (PIL, first frame, original mode), turned upright by its EXIF
+    orientation as ``transformers.image_utils.load_image`` does (``ImageOps.exif_transpose``; TIFFs
+    Pillow orients itself); corrupt or truncated data is a bad sample. The mode is kept, so the
+    processor's ``convert_to_rgb`` composites transparency on white.
 
-    With ``draft_size`` (width, height), a JPEG at least twice that size on each side is decoded at
-    the largest of 1/2, 1/4, 1/8 scale that stays at least ``draft_size`` (DCT-domain downscale,
-    PIL ``Image.draft``), then resized to exactly ``draft_size`` (bicubic). Other images decode as is.
-    Example: a 4000x3000 JPEG with ``draft_size=(980, 728)`` decodes at 1000x750, then 980x728.
+    With ``draft_size`` (upright width, height), a JPEG at least twice that size on each side is
+    decoded at the largest of 1/2, 1/4, 1/8 scale that stays at least ``draft_size`` (DCT-domain
+    downscale, PIL ``Image.draft``, in the stored orientation), then resized to exactly
+    ``draft_size`` (bicubic). Other images decode as is.
+    Example: a 4000x3000 JPEG with ``draft_size=(980, 728)`` decodes at 1000x750, then 980x728; a
+    64x22 JPEG with EXIF orientation 6 decodes to a 22x64 image (64x22 with
+    ``apply_exif_orientation=False``).
     """
-    from PIL import Image
+    from PIL import Image, ImageOps
+
+    from energon_pack.qwen.media import SWAPPING_ORIENTATIONS, header_orientation
 
     try:
         image = Image.open(io.BytesIO(data))
-        drafted = (
-            draft_size is not None
-            and image.format == "JPEG"
-            and 2 * draft_size[0] <= image.width
-            and 2 * draft_size[1] <= image.height
-        )
-        if drafted:
-            image.draft(image.mode, draft_size)
+        drafted = False
+        if draft_size is not None and image.format == "JPEG":
+            stored = draft_size
+            if apply_exif_orientation and header_orientation(image, data) in SWAPPING_ORIENTATIONS:
+                stored = (draft_size[1], draft_size[0])
+            drafted = 2 * stored[0] <= image.width and 2 * stored[1] <= image.height
+            if drafted:
+                image.draft(image.mode, stored)
         image.load()
+        if apply_exif_orientation:
+            ImageOps.exif_transpose(image, in_place=True)
         if drafted and image.size != draft_size:
             image = image.resize(draft_size, Image.BICUBIC)
     except Image.DecompressionBombError as err:
@@ -351,6 +363,7 @@ def image_pixels(
     uint8: bool = False,
     max_pixels: int | None = None,
     fast_jpeg: bool = False,
+    apply_exif_orientation: bool = True,
     out: torch.Tensor | None = None,
     patcher: ImagePatcher | None = None,
 ) -> torch.Tensor:
@@ -361,7 +374,8 @@ def image_pixels(
     same patches as one processor call on all of them. With ``out`` (a [P, C*T*p*p] slot of the
     row's payload, see :func:`allocate_row_pixels`) the patches are written there and ``out`` is
     returned. ``fast_jpeg`` decodes big JPEGs at reduced scale straight to the size the grid
-    gives (:func:`decode_image` with ``draft_size``). With ``patcher`` (:meth:`ImagePatcher.for_processor`),
+    gives (:func:`decode_image` with ``draft_size``); ``apply_exif_orientation`` turns images
+    upright as :func:`decode_image` says. With ``patcher`` (:meth:`ImagePatcher.for_processor`),
     ``uint8`` and ``out``, each image's patches are written straight into its slot (same bytes)."""
     patch = int(processor.image_processor.patch_size)
     kwargs = _payload_kwargs(uint8)
@@ -373,7 +387,7 @@ def image_pixels(
 
         def run(slot: torch.Tensor | None) -> Any:
             with timed("decode"):
-                image = decode_image(data, draft_size=draft_size)
+                image = decode_image(data, draft_size=draft_size, apply_exif_orientation=apply_exif_orientation)
             with timed("resize/patchify"):
                 if patcher is not None and uint8 and slot is not None:
                     grid_thw = patcher(image, slot, max_pixels=max_pixels)

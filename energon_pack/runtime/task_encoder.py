@@ -77,6 +77,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             rope_spec=rope_spec,
             uint8_pixels=config.row.pixel_dtype == "uint8",
             fast_jpeg=config.row.fast_jpeg_decode,
+            apply_exif_orientation=config.row.apply_exif_orientation,
+            max_image_pixels=config.row.max_image_pixels,
         )
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.

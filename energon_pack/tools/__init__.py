@@ -13,6 +13,9 @@ ratio holds on a noisy machine.
   ``PackingDataset``) on the bench mix or on ``--dataset``: samples/s, worker USS / RSS,
   buffered bytes, pixel bytes per row, fill and time per stage; its knobs come from the command
   line (`bench_loader.loader_options`) and it prints two tables.
+- ``plan`` (`bench_plan`): the offline plan path alone (no HF side): plan seconds, peak RSS, file
+  size, open and read seconds of a format-2 plan, on synthetic facts of ``--samples`` samples or
+  on ``--dataset`` (then measured first).
 - ``jpeg`` (`bench_jpeg`): the optional fast JPEG decode (``RowLayout.fast_jpeg_decode``, "ours")
   against the exact path ("HF"): images/s, max abs difference and PSNR of the patches.
 """
@@ -22,10 +25,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from energon_pack.core.tables import format_table
 from energon_pack.tools.bench_jpeg import bench_jpeg
 from energon_pack.tools.bench_loader import bench_loader, loader_options
+from energon_pack.tools.bench_plan import bench_plan, plan_options
 from energon_pack.tools.bench_postencode import bench_postencode
 from energon_pack.tools.bench_preencode import bench_preencode
 from energon_pack.tools.common import BenchRows
@@ -40,9 +45,12 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "postencode": bench_postencode,
     "loader": bench_loader,
     "jpeg": bench_jpeg,
+    "plan": bench_plan,
 }
+#: Stages whose benchmark takes options from the command line and prints its own tables.
+OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {"loader": loader_options, "plan": plan_options}
 #: Stages of ``--stage all``, in run order.
-STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg")
+STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -56,8 +64,8 @@ def run_bench(args: argparse.Namespace) -> int:
         if bench is None:
             print(f"energon-pack bench --stage {stage}: not implemented yet")
             continue
-        if stage == "loader":
-            for title, rows, columns in bench(args.samples, work_dir, loader_options(args)):
+        if stage in OPTIONS:
+            for title, rows, columns in bench(args.samples, work_dir, OPTIONS[stage](args)):
                 print(f"\n{title}")
                 print(format_table(rows, columns))
             continue

@@ -81,11 +81,12 @@ def hf_processor_outputs(
 ) -> Any:
     """The baseline: the Hugging Face processor output for one chat, called as docs/batch_contract.md says.
 
-    Images go in as opened PIL images; video frames are decoded with PyAV (rgb24) at the
+    Images go in as opened PIL images turned upright by their EXIF orientation (as
+    ``transformers.image_utils.load_image`` turns them); video frames are decoded with PyAV (rgb24) at the
     frame indices of ``sample_frame_indices`` and passed with ``do_sample_frames=False`` and
     their ``VideoMetadata``. Returns the processor's ``BatchFeature`` (tensors, batch of 1).
     """
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     from energon_pack.qwen.geometry import VisionSpec, sample_frame_indices
     from energon_pack.qwen.media import probe_video
@@ -108,7 +109,7 @@ def hf_processor_outputs(
         call_kwargs.update(videos=frames, video_metadata=metadata, do_sample_frames=False)
     return processor(
         text=[processor.apply_chat_template(list(messages))],
-        images=[Image.open(io.BytesIO(data)) for data in images] or None,
+        images=[ImageOps.exif_transpose(Image.open(io.BytesIO(data))) for data in images] or None,
         return_tensors="pt",
         **call_kwargs,
     )

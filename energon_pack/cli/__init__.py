@@ -25,12 +25,22 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             allow_assistant_media=args.allow_assistant_media,
             verify_media=args.verify_media,
             max_image_pixels=args.max_image_pixels,
+            processor=_prepare_processor(args.processor),
         )
     except PrepareError as err:
         print(f"energon-pack prepare: {err}", file=sys.stderr)
         return 1
     print(format_report(report))
     return 0
+
+
+def _prepare_processor(path: str | None) -> object:
+    """The processor ``prepare --processor`` records text tokens for (None: facts only)."""
+    if path is None:
+        return None
+    from energon_pack.qwen.processor import load_processor
+
+    return load_processor(None if path == "default" else path)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -152,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip images with more stored pixels (width*height) as pixel_bomb; keep equal to the loader's "
         "max_image_pixels; at most 2 * PIL.Image.MAX_IMAGE_PIXELS, the most Pillow opens",
     )
+    prepare.add_argument(
+        "--processor",
+        default=None,
+        help="also record each sample's text tokens for this processor (path or hub id; 'default': the offline "
+        "Qwen2.5-VL one), so plan/simulate/inspect read facts instead of the tars (default: media facts only)",
+    )
     prepare.set_defaults(func=_cmd_prepare)
 
     simulate = command(
@@ -228,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--out", type=Path, required=True, help="plan file to write")
     plan.add_argument("--split", default="train", help="split to plan")
     plan.add_argument("--workers", type=int, default=None, help="preencode worker processes (default: config num_workers)")
+    plan.add_argument(
+        "--measure", action="store_true",
+        help="preencode every sample even where prepare's facts are present and fresh (default: read fresh facts)",
+    )
     plan.set_defaults(func=_cmd_plan)
 
     inspect = command("inspect", "summarise a prepared dataset: samples, media, token lengths, bad samples")

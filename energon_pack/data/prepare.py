@@ -333,6 +333,7 @@ def prepare_dataset(
     verify_media: bool = False,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     progress: bool = True,
+    processor: Any = None,
 ) -> PrepareReport:
     """Write the records of ``input_path`` as an Energon WebDataset under ``out_dir``.
 
@@ -346,6 +347,8 @@ def prepare_dataset(
     Images with more than ``max_image_pixels`` stored pixels are skipped (``unreadable_media``,
     ``pixel_bomb``); keep it equal to the loader's ``RowLayout.max_image_pixels``.
     On any error nothing changes at ``out_dir``.
+    The facts sidecar (``.nv-meta/energon_pack.facts.npz``, ``data.facts``) records every
+    sample's media facts; with ``processor`` (a loaded processor) also its text tokens.
     """
     splits = parse_split_ratio(split_ratio)
     if isinstance(max_image_pixels, bool) or not isinstance(max_image_pixels, int) or max_image_pixels < 1:
@@ -355,15 +358,19 @@ def prepare_dataset(
     check_inputs(Path(input_path), Path(media_root))
     out = Path(out_dir)
     staging = _staging_folder(out)
+    from energon_pack.data.facts import FactsRecorder
+
+    recorder = FactsRecorder(processor)
     try:
         report = _write_dataset(
             Path(input_path), Path(media_root), staging, splits,
             on_error=on_error, samples_per_shard=samples_per_shard,
             allow_assistant_media=allow_assistant_media, verify_media=verify_media,
-            max_image_pixels=max_image_pixels, progress=progress,
+            max_image_pixels=max_image_pixels, progress=progress, recorder=recorder,
         )
         check_splits_filled(split_ratio, report.split_counts)
         write_energon_metadata(staging, report.shards)
+        recorder.write(staging)
         _move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -384,8 +391,9 @@ def _write_dataset(
     verify_media: bool,
     max_image_pixels: int,
     progress: bool,
+    recorder: Any,
 ) -> PrepareReport:
-    """Write the shards of every split into ``out/shards``."""
+    """Write the shards of every split into ``out/shards`` (each sample also to ``recorder``)."""
     import webdataset as wds
     from tqdm import tqdm
 
@@ -428,6 +436,7 @@ def _write_dataset(
                 pattern = str(out / "shards" / f"{split}-%06d.tar")
                 writers[split] = stack.enter_context(wds.ShardWriter(pattern, maxcount=samples_per_shard, verbose=0))
             writers[split].write(sample)
+            recorder.add(sample)
             report.split_counts[split] += 1
             report.written += 1
             report.generated_ids += parsed.id is None

@@ -26,7 +26,9 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import numpy as np
@@ -37,7 +39,10 @@ from energon_pack.identity import encoder_fingerprint, plan_fingerprint, split_f
 from energon_pack.packing.balance import balance_rows
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.global_plan import plan_rows_flat, rows_to_lists
+from energon_pack.plan.facts import Facts, TextTokens, fresh_facts
 from energon_pack.plan.file import PackPlan
+from energon_pack.qwen.fit import media_geometry
+from energon_pack.qwen.template import placeholder_token_count
 from energon_pack.rows.flops import CostModel, grid_rows
 
 __all__ = [
@@ -45,6 +50,8 @@ __all__ = [
     "build_plan",
     "dataset_fingerprint",
     "MeasuredSlice",
+    "measure_dataset",
+    "measure_from_facts",
     "measure_split",
     "measure_split_distributed",
     "merge_slices",
@@ -191,6 +198,95 @@ def measure_split(
 ) -> Measurement:
     """Preencode (headers only) every sample of ``split`` with ``num_workers`` processes."""
     return _measure_slice(path, encoder, split=split, num_workers=num_workers, progress=progress, rank=0, world_size=1)[0]
+
+
+def split_fact_rows(path: str | Path, split: str, facts: Facts) -> np.ndarray:
+    """Fact row of every Energon sample index of ``split`` (int64 [n]): its shards in Energon's order."""
+    from megatron.energon import WorkerConfig
+
+    starts, position = {}, 0
+    for name, count, *_ in facts.meta["shards"]:
+        starts[name] = position
+        position += int(count)
+    factory = open_split(path, split, WorkerConfig(rank=0, world_size=1, num_workers=0))
+    parts = [starts[shard.name] + np.arange(int(shard.count), dtype=np.int64) for shard in factory.shards]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _expansion_counter(processor: Any) -> Any:
+    """``placeholder_token_count`` of a geometry, memoised per (grids, timings): one tokenizer
+    call per distinct medium shape."""
+
+    @lru_cache(maxsize=1 << 16)
+    def count(image_grids: tuple, video_grids: tuple, timings: tuple) -> int:
+        return placeholder_token_count(
+            processor,
+            image_grid_thw=np.array(image_grids, dtype=np.int64).reshape(-1, 3) if image_grids else None,
+            video_grid_thw=np.array(video_grids, dtype=np.int64).reshape(-1, 3) if video_grids else None,
+            videos=list(timings),
+        )
+
+    def expansion(geometry: Any) -> int:
+        return count(tuple(grid_rows(geometry.image_grid_thw)), tuple(grid_rows(geometry.video_grid_thw)), tuple(geometry.timings))
+
+    return expansion
+
+
+def measure_from_facts(path: str | Path, encoder: Any, facts: Facts, tokens: TextTokens, *, split: str = "train") -> Any:
+    """The ``plan.build.Measurement`` of ``split`` from facts: the one preencoding every sample
+    gives (same tokens, vision patches, media, FLOPs and skip counts), without reading a tar."""
+    rows = split_fact_rows(path, split, facts)
+    measurement = Measurement.empty(len(rows))
+    chat, config = encoder.chat, encoder.config
+    expansion = _expansion_counter(chat.processor)
+    shrink = config.policy.on_overlong == "shrink"
+    cost_model = encoder.cost_model if config.policy.balance_steps else None
+    text_tokens = tokens.columns["text_tokens"]
+    for index, row in enumerate(rows.tolist()):
+        reason, images, videos = facts.sample_infos(row)
+        reason = reason or tokens.skip_reason(row)
+        if reason is not None:
+            measurement.skipped[reason] += 1
+            continue
+        geometry = media_geometry(images, videos, chat.vision)
+        count = int(text_tokens[row]) + expansion(geometry)
+        if shrink and not encoder._fits_row(count, geometry):
+            limits = chat._shrink_limits(images, videos, geometry, count, encoder._fits_row)
+            if limits is not None:
+                geometry = media_geometry(images, videos, limits.apply(chat.vision))
+                count = int(text_tokens[row]) + expansion(geometry)
+        probe = SimpleNamespace(__key__=f"sample #{index} of {split}", num_tokens=count, vision_patches=geometry.vision_patches, num_media=len(images) + len(videos))
+        misfit = sample_misfit(probe, encoder.budget, config.row, config.policy)
+        if misfit is not None:
+            measurement.skipped[misfit.reason] += 1
+            continue
+        measurement.tokens[index] = count
+        measurement.vision[index] = geometry.vision_patches
+        measurement.media[index] = probe.num_media
+        if cost_model is not None:
+            measurement.flops[index] = cost_model.sample(count, grid_rows(geometry.image_grid_thw, geometry.video_grid_thw))
+    return measurement
+
+
+def measure_dataset(
+    path: str | Path, encoder: Any, *, split: str = "train", num_workers: int = 2, progress: bool = True, facts: bool = True
+) -> tuple[Measurement, str]:
+    """:func:`measure_split`, or the same Measurement from prepare's facts sidecar
+    (``plan.facts.measure_from_facts``) when ``facts`` and the sidecar is present and fresh for
+    this dataset and processor; also returns one line saying which was done and why.
+
+    Example: a dataset prepared with ``--processor`` -> ``(Measurement, "measured from facts
+    (.nv-meta/energon_pack.facts.npz, fresh)")``.
+    """
+    if not facts:
+        why = "--measure"
+    else:
+        found = fresh_facts(path, encoder.processor)
+        if not isinstance(found, str):
+            return measure_from_facts(path, encoder, *found, split=split), "measured from facts (.nv-meta/energon_pack.facts.npz, fresh)"
+        why = found
+    measurement = measure_split(path, encoder, split=split, num_workers=num_workers, progress=progress)
+    return measurement, f"measured by preencoding every sample ({why})"
 
 
 def measure_split_distributed(
@@ -421,15 +517,19 @@ def run_plan(args: Any) -> int:
     start = time.perf_counter()
     with _torchrun_group() as group:
         if group is None:
-            measurement = measure_split(args.dataset, encoder, split=args.split, num_workers=workers)
+            measurement, source = measure_dataset(
+                args.dataset, encoder, split=args.split, num_workers=workers, facts=not args.measure
+            )
         else:
             measurement = measure_split_distributed(args.dataset, encoder, split=args.split, num_workers=workers)
+            source = "measured by preencoding every sample (torchrun: each rank its slice)"
         if measurement is not None:
             plan = plan_split(measurement, args.dataset, args.split, encoder, config)
             plan.save(args.out)
             seconds = time.perf_counter() - start
             report = plan_report(plan, seq_length=config.seq_length, seconds=seconds, path=Path(args.out), per_worker=measurement.per_worker)
             print(format_table(report))
+            print(source)
             print(f"plan written to {args.out} (digest {plan.digest[:16]})")
     return 0
 

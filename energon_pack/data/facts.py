@@ -1,0 +1,162 @@
+"""Recording the facts sidecar while ``energon-pack prepare`` writes a dataset (format:
+``energon_pack.plan.facts``, docs/on_disk_format.md).
+
+Each written sample is read back exactly as the loader will read it
+(``core.samples.chat_fields_from_parts`` on the same parts), its media probed with the same
+header probes as preencode (``qwen.media.probe_image`` / ``probe_video``) plus their
+orientation, and, with a processor, its chat tokenized once to record its text tokens. The
+rows are put in the dataset's index order (``.nv-meta/index.sqlite``) when the dataset is done.
+"""
+
+from __future__ import annotations
+
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energon_pack.core.samples import chat_fields_from_parts
+from energon_pack.errors import BadSampleError
+from energon_pack.identity import processor_fingerprint
+from energon_pack.plan.facts import FACTS_FORMAT, TOKENS_FORMAT, Facts, TextTokens, shard_table
+from energon_pack.qwen.media import probe_image, probe_video
+
+__all__ = ["FactsRecorder", "image_orientation", "video_orientation"]
+
+_ROTATION_TO_EXIF = {0: 1, 90: 6, 180: 3, 270: 8}
+
+
+def image_orientation(data: bytes) -> int:
+    """EXIF orientation 1-8 of an encoded image, from its header (1 when absent or unreadable).
+
+    Example: a PNG without EXIF -> 1; a JPEG whose EXIF says "rotate 90 CW" -> 6.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(BytesIO(data)) as image:
+            value = image.getexif().get(0x0112, 1)
+    except Exception:  # PIL raises assorted types for odd EXIF blocks; the probe decides good or bad
+        return 1
+    return int(value) if value in range(1, 9) else 1
+
+
+def video_orientation(data: bytes) -> int:
+    """The display rotation of the first video stream as an EXIF orientation (1, 6, 3 or 8 for
+    0, 90, 180, 270 degrees); decodes one frame. Example: a video without a display matrix -> 1."""
+    import av
+
+    try:
+        with av.open(BytesIO(data)) as container:
+            for frame in container.decode(video=0):
+                return _ROTATION_TO_EXIF.get(int(round(frame.rotation)) % 360, 1)
+    except (av.FFmpegError, OSError):
+        return 1
+    return 1
+
+
+def _probe(fields: dict[str, Any]) -> tuple[str | None, list[tuple[int, Any, int]]]:
+    """``(skip reason, [(kind, info, orientation), ...])`` of one sample's loader fields."""
+    if fields["invalid_reason"] is not None:
+        return fields["invalid_reason"], []
+    try:
+        media = [(0, probe_image(data), image_orientation(data)) for data in fields["images"]]
+        media += [(1, probe_video(data), video_orientation(data)) for data in fields["videos"]]
+    except BadSampleError as err:
+        return err.reason, []
+    return None, media
+
+
+class FactsRecorder:
+    """Collects one sample at a time (:meth:`add`), then writes the sidecar (:meth:`write`).
+
+    ``processor``: also record the text tokens of this processor (None: facts only).
+    """
+
+    def __init__(self, processor: Any = None) -> None:
+        self.processor = processor
+        self._chat = None
+        if processor is not None:
+            from energon_pack.qwen.encode import QwenChatEncoder
+
+            self._chat = QwenChatEncoder(processor)
+        self._by_key: dict[str, tuple[str | None, list[tuple[int, Any, int]], int, str | None]] = {}
+
+    def add(self, sample: dict[str, Any]) -> None:
+        """Record the WebDataset sample dict ``sample`` (``__key__`` plus its parts as bytes)."""
+        fields = chat_fields_from_parts({name: value for name, value in sample.items() if name != "__key__"})
+        reason, media = _probe(fields)
+        text, text_reason = 0, None
+        if self._chat is not None and reason is None:
+            text, text_reason = self._text_tokens(fields)
+        self._by_key[sample["__key__"]] = (reason, media, text, text_reason)
+
+    def _text_tokens(self, fields: dict[str, Any]) -> tuple[int, str | None]:
+        from energon_pack.qwen.template import placeholder_token_count
+
+        try:
+            prepared = self._chat.prepare(fields["conversation"], fields["images"], fields["videos"])
+        except BadSampleError as err:
+            return 0, err.reason
+        expansion = placeholder_token_count(
+            self.processor,
+            image_grid_thw=None if prepared.image_grid_thw is None else prepared.image_grid_thw.numpy(),
+            video_grid_thw=None if prepared.video_grid_thw is None else prepared.video_grid_thw.numpy(),
+            videos=prepared.video_timings or [],
+        )
+        return len(prepared.input_ids) - expansion, None
+
+    def write(self, folder: Path) -> Facts:
+        """Write the facts (and text tokens) of the dataset at ``folder`` (its index written), in index order."""
+        import sqlite3
+
+        shards = shard_table(folder)
+        with sqlite3.connect(f"file:{folder / '.nv-meta' / 'index.sqlite'}?mode=ro&immutable=1", uri=True) as db:
+            keys = [key for (key,) in db.execute("SELECT sample_key FROM samples ORDER BY tar_file_id, sample_index")]
+        per_sample = [self._by_key[key] for key in keys]
+        reasons = sorted({r for r, _, _, _ in per_sample if r is not None})
+        text_reasons = sorted({r for _, _, _, r in per_sample if r is not None})
+        tables: dict[str, list[str]] = {"codecs": [], "formats": [], "modes": []}
+
+        def code(table: str, value: str) -> int:
+            values = tables[table]
+            if value not in values:
+                values.append(value)
+            return values.index(value)
+
+        offsets, media_rows, fps = [0], [], []
+        for _, media, _, _ in per_sample:
+            for kind, info, orientation in media:
+                if kind == 0:
+                    media_rows.append((0, info.width, info.height, orientation, 0, 0, code("formats", info.format), code("modes", info.mode)))
+                    fps.append(0.0)
+                else:
+                    media_rows.append((1, info.width, info.height, orientation, info.num_frames, code("codecs", info.codec), 0, 0))
+                    fps.append(float(info.fps))
+            offsets.append(len(media_rows))
+        rows = np.array(media_rows, dtype=np.int64).reshape(-1, 8)
+        columns = {
+            "skip": np.array([0 if r is None else 1 + reasons.index(r) for r, _, _, _ in per_sample], dtype=np.int16),
+            "images": np.array([sum(m[0] == 0 for m in media) for _, media, _, _ in per_sample], dtype=np.int16),
+            "videos": np.array([sum(m[0] == 1 for m in media) for _, media, _, _ in per_sample], dtype=np.int16),
+            "media_offsets": np.array(offsets, dtype=np.int64),
+            "fps": np.array(fps, dtype=np.float64),
+        }
+        for position, (name, dtype) in enumerate(
+            (("kind", np.uint8), ("width", np.int32), ("height", np.int32), ("orientation", np.uint8),
+             ("frames", np.int32), ("codec", np.int16), ("format", np.int16), ("mode", np.int16))
+        ):
+            columns[name] = rows[:, position].astype(dtype)
+        facts = Facts(meta={"format": FACTS_FORMAT, "shards": shards, "skip_reasons": reasons, **tables}, columns=columns)
+        facts.save(folder)
+        if self.processor is not None:
+            TextTokens(
+                meta={"format": TOKENS_FORMAT, "processor": processor_fingerprint(self.processor),
+                      "facts_digest": facts.digest, "skip_reasons": text_reasons},
+                columns={
+                    "text_tokens": np.array([t for _, _, t, _ in per_sample], dtype=np.int32),
+                    "skip": np.array([0 if r is None else 1 + text_reasons.index(r) for _, _, _, r in per_sample], dtype=np.int16),
+                },
+            ).save(folder)
+        return facts

@@ -1,0 +1,204 @@
+"""Per-sample facts of a prepared dataset (recorded by ``energon-pack prepare``), so that
+``plan``, ``simulate --dataset`` and ``inspect`` need no pass over the tars.
+
+Two NumPy ``.npz`` files under ``.nv-meta/`` (read with ``allow_pickle=False``; a JSON ``meta``
+member carries the format version), described in docs/on_disk_format.md:
+
+* ``energon_pack.facts.npz`` (``energon_pack.facts/1``), independent of the processor: per
+  sample (index order: shard, then position in it) ``skip`` int16 (0 good, else 1 + position
+  in ``meta.skip_reasons``), ``images`` / ``videos`` int16, ``media_offsets`` int64 [N+1]; per
+  medium ``kind`` uint8 (0 image, 1 video), coded ``width`` / ``height`` int32, EXIF
+  ``orientation`` uint8 (1-8; videos: display rotation as 1/6/3/8), ``frames`` int32
+  (``probe_video``'s count), ``fps`` float64, ``codec`` / ``format`` / ``mode`` int16 (positions
+  in ``meta.codecs`` / ``formats`` / ``modes``). ``meta.shards``: ``[[name, samples, bytes,
+  keys_crc32], ...]``, checked against the dataset before use (not mtime).
+* ``energon_pack.tokens-<16 hex>.npz`` (``energon_pack.text_tokens/1``), one per processor
+  (hex: SHA-256 of ``identity.processor_fingerprint``): per sample ``text_tokens`` int32 (the
+  chat's tokens less its media placeholders' expansion) and ``skip`` int16 (reasons this
+  processor raises); ``meta.facts_digest`` ties it to the facts file.
+
+A sample's tokens from facts are ``text_tokens + placeholder_token_count(grids)``, the
+additivity ``on_overlong="shrink"`` relies on too (``QwenChatEncoder._shrink_limits``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energon_pack.identity import processor_fingerprint
+from energon_pack.qwen.media import ImageInfo, VideoInfo
+
+__all__ = [
+    "FACTS_FORMAT",
+    "FACTS_NAME",
+    "TOKENS_FORMAT",
+    "Facts",
+    "TextTokens",
+    "fresh_facts",
+    "shard_table",
+    "tokens_name",
+]
+
+FACTS_FORMAT = "energon_pack.facts/1"
+TOKENS_FORMAT = "energon_pack.text_tokens/1"
+FACTS_NAME = "energon_pack.facts.npz"
+
+
+def tokens_name(fingerprint: dict[str, Any]) -> str:
+    """File name of the text tokens of one processor fingerprint.
+
+    Example: ``tokens_name({"vocab_size": 3})`` -> ``"energon_pack.tokens-<16 hex>.npz"``.
+    """
+    return f"energon_pack.tokens-{hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]}.npz"
+
+
+def shard_table(dataset: str | Path) -> list[list[Any]]:
+    """``[[name, samples, bytes, keys_crc32], ...]`` of every shard of a local prepared dataset,
+    in its index order (``tar_file_id``); ``keys_crc32`` is the CRC-32 of the shard's sample keys
+    joined by newlines. Example: ``[["shards/train-000000.tar", 16, 1050624, 3735928559]]``.
+    """
+    import sqlite3
+
+    root = Path(dataset)
+    info = json.loads((root / ".nv-meta" / ".info.json").read_text())
+    names = list(info["shard_counts"])
+    keys: dict[int, list[str]] = {}
+    with sqlite3.connect(f"file:{root / '.nv-meta' / 'index.sqlite'}?mode=ro&immutable=1", uri=True) as db:
+        for shard, key in db.execute("SELECT tar_file_id, sample_key FROM samples ORDER BY tar_file_id, sample_index"):
+            keys.setdefault(shard, []).append(key)
+    return [
+        [name, int(info["shard_counts"][name]), (root / name).stat().st_size, zlib.crc32("\n".join(keys.get(i, [])).encode())]
+        for i, name in enumerate(names)
+    ]
+
+
+def _digest(meta: dict[str, Any], columns: dict[str, np.ndarray]) -> str:
+    hasher = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
+    for name in sorted(columns):
+        array = np.ascontiguousarray(columns[name])
+        hasher.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        hasher.update(array.tobytes())
+    return hasher.hexdigest()
+
+
+def _save(path: Path, meta: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
+    text = json.dumps({**meta, "digest": _digest(meta, columns)}, sort_keys=True).encode()
+    with open(path, "wb") as out:
+        np.savez(out, meta=np.frombuffer(text, dtype=np.uint8), **columns)
+
+
+def _load(path: Path, expected: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Meta and columns of a facts or tokens file; ValueError naming the file when the format
+    or the digest does not match."""
+    with np.load(path, allow_pickle=False) as archive:
+        meta = json.loads(archive["meta"].tobytes())
+        columns = {name: archive[name] for name in archive.files if name != "meta"}
+    if meta.get("format") != expected:
+        raise ValueError(f"{path}: format {meta.get('format')!r}, expected {expected!r}; fix: prepare the dataset again")
+    digest = meta.pop("digest", None)
+    if _digest(meta, columns) != digest:
+        raise ValueError(f"{path}: digest mismatch (edited or truncated); fix: prepare the dataset again")
+    return meta, columns
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Facts:
+    """The processor-independent facts file in memory (see the module docstring)."""
+
+    meta: dict[str, Any]
+    columns: dict[str, np.ndarray]
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 over meta and columns (a tokens file names the facts it belongs to)."""
+        return _digest(self.meta, self.columns)
+
+    def save(self, folder: Path) -> None:
+        """Write ``folder/.nv-meta/energon_pack.facts.npz``."""
+        _save(Path(folder) / ".nv-meta" / FACTS_NAME, self.meta, self.columns)
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Facts:
+        meta, columns = _load(Path(folder) / ".nv-meta" / FACTS_NAME, FACTS_FORMAT)
+        return cls(meta=meta, columns=columns)
+
+    def stale_shards(self, dataset: str | Path) -> list[str]:
+        """Shards whose (name, samples, bytes, keys CRC) differ from the dataset's now, new ones included."""
+        recorded = {row[0]: row for row in self.meta["shards"]}
+        return [row[0] for row in shard_table(dataset) if recorded.get(row[0]) != row]
+
+    def sample_infos(self, row: int) -> tuple[str | None, list[ImageInfo], list[VideoInfo]]:
+        """``(skip reason or None, image infos, video infos)`` of fact row ``row``."""
+        c, meta = self.columns, self.meta
+        skip = int(c["skip"][row])
+        if skip:
+            return meta["skip_reasons"][skip - 1], [], []
+        images, videos = [], []
+        for m in range(int(c["media_offsets"][row]), int(c["media_offsets"][row + 1])):
+            width, height = int(c["width"][m]), int(c["height"][m])
+            if c["kind"][m] == 0:
+                images.append(ImageInfo(width=width, height=height, format=meta["formats"][c["format"][m]], mode=meta["modes"][c["mode"][m]]))
+            else:
+                videos.append(VideoInfo(num_frames=int(c["frames"][m]), fps=float(c["fps"][m]), width=width, height=height,
+                                        codec=meta["codecs"][c["codec"][m]]))
+        return None, images, videos
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class TextTokens:
+    """One processor's text-token file in memory: ``text_tokens`` / ``skip`` per fact row."""
+
+    meta: dict[str, Any]
+    columns: dict[str, np.ndarray]
+
+    def save(self, folder: Path) -> None:
+        """Write ``folder/.nv-meta/energon_pack.tokens-<hex>.npz``."""
+        _save(Path(folder) / ".nv-meta" / tokens_name(self.meta["processor"]), self.meta, self.columns)
+
+    @classmethod
+    def load(cls, folder: str | Path, fingerprint: dict[str, Any]) -> TextTokens | None:
+        """The file of processor ``fingerprint``, None when there is none."""
+        path = Path(folder) / ".nv-meta" / tokens_name(fingerprint)
+        if not path.is_file():
+            return None
+        meta, columns = _load(path, TOKENS_FORMAT)
+        return cls(meta=meta, columns=columns)
+
+    def skip_reason(self, row: int) -> str | None:
+        code = int(self.columns["skip"][row])
+        return None if code == 0 else self.meta["skip_reasons"][code - 1]
+
+
+def fresh_facts(dataset: str | Path, processor: Any) -> tuple[Facts, TextTokens] | str:
+    """The dataset's facts and ``processor``'s text tokens when both are present and fresh, else
+    why not (one phrase for the report).
+
+    Example: a dataset prepared without ``--processor`` -> ``"no text tokens for this processor
+    (prepare --processor)"``.
+    """
+    text = str(dataset)
+    if "://" in text:
+        return "remote dataset (facts are read from local datasets only)"
+    if not (Path(text) / ".nv-meta" / FACTS_NAME).is_file():
+        return "no facts file (dataset not prepared by energon-pack prepare)"
+    try:
+        facts = Facts.load(text)
+        stale = facts.stale_shards(text)
+        if stale:
+            return f"facts stale for {len(stale)} shard(s), first {stale[0]} (name, size, count or keys changed)"
+        fingerprint = processor_fingerprint(processor)
+        tokens = TextTokens.load(text, fingerprint)
+    except (ValueError, OSError, KeyError) as err:
+        return f"facts unreadable ({err})"
+    if tokens is None or tokens.meta.get("processor") != fingerprint:
+        return "no text tokens for this processor (prepare --processor)"
+    if tokens.meta.get("facts_digest") != facts.digest:
+        return "text tokens belong to other facts (prepare again)"
+    return facts, tokens

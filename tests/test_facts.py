@@ -88,3 +88,21 @@ def test_cli_plan_says_facts_or_measure(facts_dataset, tmp_path):
         lines[len(extra)] = done.stdout
     assert "measured from facts" in lines[0] and "measured by preencoding every sample (--measure)" in lines[1]
     assert lines[0].split("digest ")[1] == lines[1].split("digest ")[1]
+
+
+def test_inspect_and_simulate_read_facts(facts_dataset, processor):
+    from energon_pack.cli.simulate import dataset_mix
+    from energon_pack.data.inspect_dataset import prepared_samples, summarize
+
+    with_facts = summarize(facts_dataset, processor=processor)
+    measured = summarize(facts_dataset, processor=processor, facts=False)
+    assert with_facts[-1]["value"].startswith("measured from facts")
+    assert measured[-1]["value"] == "measured by preencoding every sample (--measure)"
+    assert with_facts[:-1] == measured[:-1]
+    assert float(dict((row["metric"], row["value"]) for row in with_facts)["compressed media (MiB)"]) > 0
+    samples, source = dataset_mix(str(facts_dataset))
+    assert source.startswith("measured from facts")
+    reference = [s for s in prepared_samples(facts_dataset, facts=False)[0] if s.reason is None]
+    assert [(s.tokens, s.vision_patches, s.images, s.videos) for s in samples] == [
+        (s.tokens, s.geometry.vision_patches, s.images, s.videos) for s in reference
+    ]

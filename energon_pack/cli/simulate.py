@@ -16,23 +16,31 @@ from energon_pack.errors import UsageError
 from energon_pack.packing.simulate import MixSample
 
 
-def dataset_samples(dataset: Path) -> list[MixSample]:
-    """Exact token counts, vision patches and media counts of a prepared dataset's good
-    samples, via preencode (no pixels)."""
-    from energon_pack.data.inspect_dataset import iter_prepared
+def dataset_samples(dataset: str) -> list[MixSample]:
+    """Exact token counts, vision patches, media counts and grids of a prepared dataset's good
+    samples (:func:`dataset_mix` without its line)."""
+    return dataset_mix(dataset)[0]
+
+
+def dataset_mix(dataset: str) -> tuple[list[MixSample], str]:
+    """Exact token counts, vision patches, media counts and grids of a prepared dataset's good
+    samples: from prepare's facts when fresh for the default processor, else via preencode (no
+    pixels); also the line saying which."""
+    from energon_pack.data.inspect_dataset import prepared_samples
     from energon_pack.rows.flops import grid_rows
 
+    samples, source = prepared_samples(dataset)
     return [
         MixSample(
-            tokens=prepared.num_tokens,
-            vision_patches=prepared.vision_patches,
-            images=len(prepared.images),
-            videos=len(prepared.videos),
-            grids=tuple(grid_rows(prepared.image_grid_thw, prepared.video_grid_thw)),
+            tokens=sample.tokens,
+            vision_patches=sample.geometry.vision_patches,
+            images=sample.images,
+            videos=sample.videos,
+            grids=tuple(grid_rows(sample.geometry.image_grid_thw, sample.geometry.video_grid_thw)),
         )
-        for _, prepared in iter_prepared(dataset)
-        if prepared.skip_reason is None
-    ]
+        for sample in samples
+        if sample.reason is None
+    ], source
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -47,8 +55,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     defaults = PackingPolicy()
     if args.dataset is not None:
-        samples = dataset_samples(args.dataset)
-        source = f"dataset {args.dataset} ({len(samples)} samples)"
+        samples, measured = dataset_mix(args.dataset)
+        source = f"dataset {args.dataset} ({len(samples)} samples, {measured})"
     else:
         samples = reference_mix(args.samples, seed=0)
         source = f"reference VLM length mix ({len(samples)} samples, seed 0)"

@@ -81,7 +81,8 @@ class FactsRecorder:
             from energon_pack.qwen.encode import QwenChatEncoder
 
             self._chat = QwenChatEncoder(processor)
-        self._by_key: dict[str, tuple[str | None, list[tuple[int, Any, int]], int, str | None]] = {}
+        #: key -> (skip reason, media, text tokens, text skip reason, (images, videos, media bytes)).
+        self._by_key: dict[str, tuple[Any, ...]] = {}
 
     def add(self, sample: dict[str, Any]) -> None:
         """Record the WebDataset sample dict ``sample`` (``__key__`` plus its parts as bytes)."""
@@ -90,7 +91,8 @@ class FactsRecorder:
         text, text_reason = 0, None
         if self._chat is not None and reason is None:
             text, text_reason = self._text_tokens(fields)
-        self._by_key[sample["__key__"]] = (reason, media, text, text_reason)
+        sizes = (len(fields["images"]), len(fields["videos"]), sum(map(len, fields["images"] + fields["videos"])))
+        self._by_key[sample["__key__"]] = (reason, media, text, text_reason, sizes)
 
     def _text_tokens(self, fields: dict[str, Any]) -> tuple[int, str | None]:
         from energon_pack.qwen.template import placeholder_token_count
@@ -115,8 +117,8 @@ class FactsRecorder:
         with sqlite3.connect(f"file:{folder / '.nv-meta' / 'index.sqlite'}?mode=ro&immutable=1", uri=True) as db:
             keys = [key for (key,) in db.execute("SELECT sample_key FROM samples ORDER BY tar_file_id, sample_index")]
         per_sample = [self._by_key[key] for key in keys]
-        reasons = sorted({r for r, _, _, _ in per_sample if r is not None})
-        text_reasons = sorted({r for _, _, _, r in per_sample if r is not None})
+        reasons = sorted({r for r, *_ in per_sample if r is not None})
+        text_reasons = sorted({r for _, _, _, r, _ in per_sample if r is not None})
         tables: dict[str, list[str]] = {"codecs": [], "formats": [], "modes": []}
 
         def code(table: str, value: str) -> int:
@@ -126,7 +128,7 @@ class FactsRecorder:
             return values.index(value)
 
         offsets, media_rows, fps = [0], [], []
-        for _, media, _, _ in per_sample:
+        for _, media, *_ in per_sample:
             for kind, info, orientation in media:
                 if kind == 0:
                     media_rows.append((0, info.width, info.height, orientation, 0, 0, code("formats", info.format), code("modes", info.mode)))
@@ -137,9 +139,10 @@ class FactsRecorder:
             offsets.append(len(media_rows))
         rows = np.array(media_rows, dtype=np.int64).reshape(-1, 8)
         columns = {
-            "skip": np.array([0 if r is None else 1 + reasons.index(r) for r, _, _, _ in per_sample], dtype=np.int16),
-            "images": np.array([sum(m[0] == 0 for m in media) for _, media, _, _ in per_sample], dtype=np.int16),
-            "videos": np.array([sum(m[0] == 1 for m in media) for _, media, _, _ in per_sample], dtype=np.int16),
+            "skip": np.array([0 if r is None else 1 + reasons.index(r) for r, *_ in per_sample], dtype=np.int16),
+            "images": np.array([sizes[0] for *_, sizes in per_sample], dtype=np.int16),
+            "videos": np.array([sizes[1] for *_, sizes in per_sample], dtype=np.int16),
+            "media_bytes": np.array([sizes[2] for *_, sizes in per_sample], dtype=np.int64),
             "media_offsets": np.array(offsets, dtype=np.int64),
             "fps": np.array(fps, dtype=np.float64),
         }
@@ -155,8 +158,8 @@ class FactsRecorder:
                 meta={"format": TOKENS_FORMAT, "processor": processor_fingerprint(self.processor),
                       "facts_digest": facts.digest, "skip_reasons": text_reasons},
                 columns={
-                    "text_tokens": np.array([t for _, _, t, _ in per_sample], dtype=np.int32),
-                    "skip": np.array([0 if r is None else 1 + text_reasons.index(r) for _, _, _, r in per_sample], dtype=np.int16),
+                    "text_tokens": np.array([t for _, _, t, *_ in per_sample], dtype=np.int32),
+                    "skip": np.array([0 if r is None else 1 + text_reasons.index(r) for _, _, _, r, _ in per_sample], dtype=np.int16),
                 },
             ).save(folder)
         return facts

@@ -15,15 +15,20 @@ from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.core.tables import format_table
 
 
+def _wide_encoder(processor: Any) -> Any:
+    """A task encoder whose rows are wide enough for any sample (inspect and simulate measure, they do not pack)."""
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+
+    return QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 20), processor)
+
+
 def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None, limit: int | None = None) -> Iterator[Any]:
     """Yield ``(raw sample, prepared sample)`` for one pass over ``dataset`` (main process, no workers)."""
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
     from tqdm import tqdm
 
-    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
-
     check_dataset_path(dataset, split=split)
-    encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 20), processor)
+    encoder = _wide_encoder(processor)
     samples = get_val_dataset(
         dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None
     )
@@ -33,25 +38,52 @@ def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None,
         yield sample, encoder.preencode_sample(sample)
 
 
-def summarize(dataset: Path, *, split: str = "train", processor: Any = None, limit: int | None = None) -> list[dict[str, Any]]:
-    """Report rows: sample and media counts, compressed bytes, token length percentiles, skips."""
-    lengths: list[int] = []
-    images = videos = media_bytes = samples = 0
-    skipped: Counter[str] = Counter()
-    for raw, prepared in iter_prepared(dataset, split=split, processor=processor, limit=limit):
-        samples += 1
-        images += len(raw.images)
-        videos += len(raw.videos)
-        media_bytes += sum(map(len, raw.images)) + sum(map(len, raw.videos))
-        if prepared.skip_reason is not None:
-            skipped[prepared.skip_reason] += 1
-        else:
-            lengths.append(prepared.num_tokens)
+def prepared_samples(
+    dataset: str | Path, *, split: str = "train", processor: Any = None, limit: int | None = None, facts: bool = True
+) -> tuple[list[Any], str]:
+    """Every sample of ``split`` as preencode measures it (``plan.build.FactSample``: skip
+    reason, tokens, media geometry, image / video counts, media bytes), read from prepare's facts
+    when ``facts`` and they are fresh for ``processor``, else by preencoding (main process); and
+    one line saying which. Example: -> ``([FactSample(...), ...], "measured from facts (...)")``.
+    """
+    from energon_pack.plan.build import FactSample, iter_fact_samples
+    from energon_pack.plan.facts import fresh_facts
+    from energon_pack.qwen.fit import MediaGeometry
+
+    check_dataset_path(dataset, split=split)
+    encoder = _wide_encoder(processor)
+    found = fresh_facts(dataset, encoder.processor) if facts else "--measure"
+    if not isinstance(found, str):
+        samples = list(iter_fact_samples(dataset, encoder, *found, split=split))
+        return samples[:limit], "measured from facts (.nv-meta/energon_pack.facts.npz, fresh)"
+    measured = []
+    for index, (raw, prepared) in enumerate(iter_prepared(dataset, split=split, processor=encoder.processor, limit=limit)):
+        geometry = None
+        if prepared.skip_reason is None:
+            geometry = MediaGeometry(
+                image_grid_thw=None if prepared.image_grid_thw is None else prepared.image_grid_thw.numpy(),
+                video_grid_thw=None if prepared.video_grid_thw is None else prepared.video_grid_thw.numpy(),
+                timings=tuple(prepared.video_timings or ()),
+                second_per_grid_ts=tuple(prepared.second_per_grid_ts or ()),
+            )
+        measured.append(FactSample(
+            index=index, reason=prepared.skip_reason, tokens=prepared.num_tokens, geometry=geometry,
+            images=len(raw.images), videos=len(raw.videos), media_bytes=sum(map(len, raw.images)) + sum(map(len, raw.videos)),
+        ))
+    return measured, f"measured by preencoding every sample ({found})"
+
+
+def summarize(dataset: str | Path, *, split: str = "train", processor: Any = None, limit: int | None = None, facts: bool = True) -> list[dict[str, Any]]:
+    """Report rows: how it was measured, sample and media counts, compressed bytes, token length
+    percentiles, skips."""
+    samples, source = prepared_samples(dataset, split=split, processor=processor, limit=limit, facts=facts)
+    lengths = [sample.tokens for sample in samples if sample.reason is None]
+    skipped = Counter(sample.reason for sample in samples if sample.reason is not None)
     rows: list[dict[str, Any]] = [
-        {"metric": "samples", "value": samples},
-        {"metric": "images", "value": images},
-        {"metric": "videos", "value": videos},
-        {"metric": "compressed media (MiB)", "value": f"{media_bytes / 2**20:.1f}"},
+        {"metric": "samples", "value": len(samples)},
+        {"metric": "images", "value": sum(sample.images for sample in samples)},
+        {"metric": "videos", "value": sum(sample.videos for sample in samples)},
+        {"metric": "compressed media (MiB)", "value": f"{sum(sample.media_bytes for sample in samples) / 2**20:.1f}"},
     ]
     if lengths:
         p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
@@ -62,6 +94,7 @@ def summarize(dataset: Path, *, split: str = "train", processor: Any = None, lim
         ]
     rows.append({"metric": "bad samples (skipped)", "value": sum(skipped.values())})
     rows += [{"metric": f"  skipped: {reason}", "value": count} for reason, count in sorted(skipped.items())]
+    rows.append({"metric": "source", "value": source})
     return rows
 
 

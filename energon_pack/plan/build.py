@@ -52,6 +52,8 @@ __all__ = [
     "MeasuredSlice",
     "measure_dataset",
     "measure_from_facts",
+    "FactSample",
+    "iter_fact_samples",
     "measure_split",
     "measure_split_distributed",
     "merge_slices",
@@ -232,39 +234,70 @@ def _expansion_counter(processor: Any) -> Any:
     return expansion
 
 
-def measure_from_facts(path: str | Path, encoder: Any, facts: Facts, tokens: TextTokens, *, split: str = "train") -> Any:
-    """The ``plan.build.Measurement`` of ``split`` from facts: the one preencoding every sample
-    gives (same tokens, vision patches, media, FLOPs and skip counts), without reading a tar."""
-    rows = split_fact_rows(path, split, facts)
-    measurement = Measurement.empty(len(rows))
+@dataclass(frozen=True, kw_only=True)
+class FactSample:
+    """One sample of a split read from facts: Energon ``index``, skip ``reason`` (None: good),
+    ``tokens`` and media ``geometry`` as preencode gives them (shrunk with
+    ``on_overlong="shrink"``), its image / video counts and media bytes."""
+
+    index: int
+    reason: str | None
+    tokens: int
+    geometry: Any
+    images: int
+    videos: int
+    media_bytes: int
+
+
+def iter_fact_samples(path: str | Path, encoder: Any, facts: Facts, tokens: TextTokens, *, split: str = "train") -> Iterator[FactSample]:
+    """Every sample of ``split`` as preencode would measure it, from facts (no tar read)."""
     chat, config = encoder.chat, encoder.config
     expansion = _expansion_counter(chat.processor)
     shrink = config.policy.on_overlong == "shrink"
-    cost_model = encoder.cost_model if config.policy.balance_steps else None
-    text_tokens = tokens.columns["text_tokens"]
-    for index, row in enumerate(rows.tolist()):
+    text_tokens, columns = tokens.columns["text_tokens"], facts.columns
+    for index, row in enumerate(split_fact_rows(path, split, facts).tolist()):
         reason, images, videos = facts.sample_infos(row)
         reason = reason or tokens.skip_reason(row)
+        geometry, count = None, 0
+        if reason is None:
+            geometry = media_geometry(images, videos, chat.vision)
+            count = int(text_tokens[row]) + expansion(geometry)
+            if shrink and not encoder._fits_row(count, geometry):
+                limits = chat._shrink_limits(images, videos, geometry, count, encoder._fits_row)
+                if limits is not None:
+                    geometry = media_geometry(images, videos, limits.apply(chat.vision))
+                    count = int(text_tokens[row]) + expansion(geometry)
+        yield FactSample(
+            index=index, reason=reason, tokens=count, geometry=geometry, images=int(columns["images"][row]),
+            videos=int(columns["videos"][row]), media_bytes=int(columns["media_bytes"][row]),
+        )
+
+
+def measure_from_facts(path: str | Path, encoder: Any, facts: Facts, tokens: TextTokens, *, split: str = "train") -> Measurement:
+    """The ``Measurement`` of ``split`` from facts: the one preencoding every sample gives (same
+    tokens, vision patches, media, FLOPs and skip counts), without reading a tar."""
+    config = encoder.config
+    cost_model = encoder.cost_model if config.policy.balance_steps else None
+    samples = list(iter_fact_samples(path, encoder, facts, tokens, split=split))
+    measurement = Measurement.empty(len(samples))
+    for sample in samples:
+        reason = sample.reason
+        if reason is None:
+            probe = SimpleNamespace(
+                __key__=f"sample #{sample.index} of {split}", num_tokens=sample.tokens,
+                vision_patches=sample.geometry.vision_patches, num_media=sample.images + sample.videos,
+            )
+            misfit = sample_misfit(probe, encoder.budget, config.row, config.policy)
+            reason = None if misfit is None else misfit.reason
         if reason is not None:
             measurement.skipped[reason] += 1
             continue
-        geometry = media_geometry(images, videos, chat.vision)
-        count = int(text_tokens[row]) + expansion(geometry)
-        if shrink and not encoder._fits_row(count, geometry):
-            limits = chat._shrink_limits(images, videos, geometry, count, encoder._fits_row)
-            if limits is not None:
-                geometry = media_geometry(images, videos, limits.apply(chat.vision))
-                count = int(text_tokens[row]) + expansion(geometry)
-        probe = SimpleNamespace(__key__=f"sample #{index} of {split}", num_tokens=count, vision_patches=geometry.vision_patches, num_media=len(images) + len(videos))
-        misfit = sample_misfit(probe, encoder.budget, config.row, config.policy)
-        if misfit is not None:
-            measurement.skipped[misfit.reason] += 1
-            continue
-        measurement.tokens[index] = count
+        geometry, index = sample.geometry, sample.index
+        measurement.tokens[index] = sample.tokens
         measurement.vision[index] = geometry.vision_patches
-        measurement.media[index] = probe.num_media
+        measurement.media[index] = sample.images + sample.videos
         if cost_model is not None:
-            measurement.flops[index] = cost_model.sample(count, grid_rows(geometry.image_grid_thw, geometry.video_grid_thw))
+            measurement.flops[index] = cost_model.sample(sample.tokens, grid_rows(geometry.image_grid_thw, geometry.video_grid_thw))
     return measurement
 
 

@@ -6,8 +6,9 @@ member carries the format version), described in docs/on_disk_format.md:
 
 * ``energon_pack.facts.npz`` (``energon_pack.facts/1``), independent of the processor: per
   sample (index order: shard, then position in it) ``skip`` int16 (0 good, else 1 + position
-  in ``meta.skip_reasons``), ``images`` / ``videos`` int16, ``media_offsets`` int64 [N+1]; per
-  medium ``kind`` uint8 (0 image, 1 video), coded ``width`` / ``height`` int32, EXIF
+  in ``meta.skip_reasons``), ``images`` / ``videos`` int16 and ``media_bytes`` int64 (the
+  sample's media files, skipped samples too), ``media_offsets`` int64 [N+1] (into the media
+  columns, which hold the media of good samples only); per medium ``kind`` uint8 (0 image, 1 video), coded ``width`` / ``height`` int32, EXIF
   ``orientation`` uint8 (1-8; videos: display rotation as 1/6/3/8), ``frames`` int32
   (``probe_video``'s count), ``fps`` float64, ``codec`` / ``format`` / ``mode`` int16 (positions
   in ``meta.codecs`` / ``formats`` / ``modes``). ``meta.shards``: ``[[name, samples, bytes,

@@ -92,13 +92,13 @@ def test_cli_plan_says_facts_or_measure(facts_dataset, tmp_path):
 
 def test_inspect_and_simulate_read_facts(facts_dataset, processor):
     from energon_pack.cli.simulate import dataset_mix
-    from energon_pack.data.inspect_dataset import prepared_samples, summarize
+    from energon_pack.data.inspect_dataset import prepared_samples, summarize_with_source
 
-    with_facts = summarize(facts_dataset, processor=processor)
-    measured = summarize(facts_dataset, processor=processor, facts=False)
-    assert with_facts[-1]["value"].startswith("measured from facts")
-    assert measured[-1]["value"] == "measured by preencoding every sample (--measure)"
-    assert with_facts[:-1] == measured[:-1]
+    with_facts, source = summarize_with_source(facts_dataset, processor=processor)
+    measured, measured_source = summarize_with_source(facts_dataset, processor=processor, facts=False)
+    assert source.startswith("measured from facts")
+    assert measured_source == "measured by preencoding every sample (--measure)"
+    assert with_facts == measured
     assert float(dict((row["metric"], row["value"]) for row in with_facts)["compressed media (MiB)"]) > 0
     samples, source = dataset_mix(str(facts_dataset))
     assert source.startswith("measured from facts")

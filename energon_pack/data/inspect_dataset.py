@@ -74,8 +74,14 @@ def prepared_samples(
 
 
 def summarize(dataset: str | Path, *, split: str = "train", processor: Any = None, limit: int | None = None, facts: bool = True) -> list[dict[str, Any]]:
-    """Report rows: how it was measured, sample and media counts, compressed bytes, token length
-    percentiles, skips."""
+    """Report rows: sample and media counts, compressed bytes, token length percentiles, skips."""
+    return summarize_with_source(dataset, split=split, processor=processor, limit=limit, facts=facts)[0]
+
+
+def summarize_with_source(
+    dataset: str | Path, *, split: str = "train", processor: Any = None, limit: int | None = None, facts: bool = True
+) -> tuple[list[dict[str, Any]], str]:
+    """:func:`summarize`'s rows and the line saying how the samples were measured (facts or preencode)."""
     samples, source = prepared_samples(dataset, split=split, processor=processor, limit=limit, facts=facts)
     lengths = [sample.tokens for sample in samples if sample.reason is None]
     skipped = Counter(sample.reason for sample in samples if sample.reason is not None)
@@ -94,11 +100,12 @@ def summarize(dataset: str | Path, *, split: str = "train", processor: Any = Non
         ]
     rows.append({"metric": "bad samples (skipped)", "value": sum(skipped.values())})
     rows += [{"metric": f"  skipped: {reason}", "value": count} for reason, count in sorted(skipped.items())]
-    rows.append({"metric": "source", "value": source})
-    return rows
+    return rows, source
 
 
 def run_inspect(dataset: Path, *, split: str = "train", limit: int | None = None) -> int:
     """Print the dataset summary table."""
-    print(format_table(summarize(dataset, split=split, limit=limit)))
+    rows, source = summarize_with_source(dataset, split=split, limit=limit)
+    print(format_table(rows))
+    print(source)
     return 0

@@ -117,6 +117,19 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def add_working_folder(parser: argparse.ArgumentParser | argparse._ArgumentGroup, command: str) -> None:
+    """``--out``: the folder a synthetic-data command works in, under the cache folder by default."""
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help=f"working folder (default: $ENERGON_PACK_CACHE/{command} or ~/.cache/energon_pack/{command})",
+    )
+
+
+def add_row_width(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: int) -> None:
+    """``--seq-length``: the row width W in tokens."""
+    parser.add_argument("--seq-length", type=int, default=default, help="row width W in tokens")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``energon-pack`` argument parser (one sub-command per job); every option has a help line with its default."""
     from energon_pack import __version__
@@ -130,9 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         return commands.add_parser(name, help=summary, description=summary, formatter_class=_HelpFormatter)
 
     demo = command("demo", "offline end-to-end demo on synthetic image+video chats")
-    demo.add_argument("--out", type=Path, default=None, help="working folder (default: $ENERGON_PACK_CACHE/demo or ~/.cache/energon_pack/demo)")
+    add_working_folder(demo, "demo")
     demo.add_argument("--samples", type=int, default=96, help="synthetic samples to generate")
-    demo.add_argument("--seq-length", type=int, default=4096, help="row width W in tokens")
+    add_row_width(demo, default=4096)
     demo.add_argument("--workers", type=int, default=2, help="Energon worker processes")
     demo.set_defaults(func=_cmd_demo)
 
@@ -221,10 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
-    bench.add_argument("--out", type=Path, default=None, help="working folder (default: $ENERGON_PACK_CACHE/bench or ~/.cache/energon_pack/bench)")
+    add_working_folder(bench, "bench")
     loader = bench.add_argument_group("loader stage (ours vs the eager HF-processor + FFD design) and plan stage (--dataset, --seq-length, --workers)")
     loader.add_argument("--dataset", type=str, default=None, help="prepared dataset, a folder or msc://profile/path (default: the bench mix of --samples)")
-    loader.add_argument("--seq-length", type=int, default=8192, help="row width W in tokens")
+    add_row_width(loader, default=8192)
     loader.add_argument(
         "--buffer-sizes", type=comma_separated_ints, default="16,64,256", help="buffer sizes, comma-separated"
     )

@@ -32,7 +32,7 @@ import itertools
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import torch
@@ -84,6 +84,7 @@ def check_plan_matches(
     check_plan_fingerprint(plan.fingerprint, current, digest=plan.digest, allow_inexact=config.allow_inexact_resume)
 
 
+@dataclass(eq=False)
 class PlanRowSource:
     """Builds the row at a stream position: plan row lookup, member fetch by restore key, encoding.
 
@@ -91,18 +92,17 @@ class PlanRowSource:
     DataLoader worker), with a worker config matching that process.
     """
 
-    def __init__(
-        self, plan: PackPlan | MappedPlan, path: Any, split: str, encoder: Any, *, seed: int, balance: BalancedStream | None = None
-    ) -> None:
-        self.plan = plan
-        #: The balanced stream order (a balanced plan read with micro_batches_per_step), else None.
-        self.balance = balance
-        self.path = path
-        self.split = split
-        self.encoder = encoder
-        self.seed = seed
-        self._orders: dict[int, list[int]] = {}
-        self._reader: tuple[int, Any, Any] | None = None  # (pid, worker config, dataset)
+    plan: PackPlan | MappedPlan
+    #: The dataset (a folder or ``msc://`` path) and split the plan was built over.
+    path: Any
+    split: str
+    encoder: Any
+    _: KW_ONLY
+    seed: int
+    #: The balanced stream order (a balanced plan read with micro_batches_per_step), else None.
+    balance: BalancedStream | None = None
+    _orders: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False)
+    _reader: tuple[int, Any, Any] | None = field(default=None, init=False, repr=False)  # (pid, worker config, dataset)
 
     def plan_row(self, position: int) -> tuple[int, int]:
         """``(epoch, plan row)`` at stream ``position``. Example: R=10, position 23 -> (2, order_2[3])."""

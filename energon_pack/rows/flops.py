@@ -124,24 +124,26 @@ class ModelSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class RowFlops:
-    """Modelled FLOPs of one row by part; ``total`` is their sum."""
+    """Modelled FLOPs of one row by part (every part stated, 0 where none); ``total`` is their sum."""
 
-    text_linear: int = 0
-    lm_head: int = 0
-    text_attention: int = 0
-    vision_linear: int = 0
-    vision_attention: int = 0
-    merger: int = 0
+    text_linear: int
+    lm_head: int
+    text_attention: int
+    vision_linear: int
+    vision_attention: int
+    merger: int
 
     @property
     def total(self) -> int:
-        return self.text_linear + self.lm_head + self.text_attention + self.vision_linear + self.vision_attention + self.merger
+        return sum(getattr(self, name) for name in _PARTS)
 
     def __add__(self, other: RowFlops) -> RowFlops:
         return RowFlops(**{name: getattr(self, name) + getattr(other, name) for name in _PARTS})
 
 
 _PARTS = ("text_linear", "lm_head", "text_attention", "vision_linear", "vision_attention", "merger")
+#: The text parts of a vision tower's breakdown.
+_NO_TEXT = {"text_linear": 0, "lm_head": 0, "text_attention": 0}
 
 # ---------------------------------------------------------------------------------- presets
 
@@ -386,8 +388,9 @@ def media_flops(
     merged = patches // m2
     merger = (1 + v.deepstack_mergers) * merged * (2 * (m2 * d) ** 2 + 2 * m2 * d * v.out_hidden_size)
     if training and not frozen_vision:
-        return RowFlops(vision_linear=2 * embed + 3 * linear, vision_attention=3 * attention, merger=3 * merger)
-    return RowFlops(vision_linear=embed + linear, vision_attention=attention, merger=merger)
+        return RowFlops(**_NO_TEXT, vision_linear=2 * embed + 3 * linear, vision_attention=3 * attention, merger=3 * merger)
+    return RowFlops(**_NO_TEXT, vision_linear=embed + linear, vision_attention=attention, merger=merger)
+
 
 
 def row_flops(
@@ -420,6 +423,9 @@ def row_flops(
         text_attention=sum(
             segment_attention_flops(spec, n, training=training, causal_fraction=causal_fraction) for n in lengths
         ),
+        vision_linear=0,
+        vision_attention=0,
+        merger=0,
     )
     for grid in grids:
         out = out + media_flops(spec, grid, training=training, frozen_vision=frozen_vision)

@@ -238,20 +238,22 @@ class WorkerMemorySampler(threading.Thread):
 class RunFigures:
     """What one finite epoch of one setting measured."""
 
+    #: What the rows carried: samples and their keys, rows, real tokens, pixel payload bytes.
     samples: int = 0
+    keys: set[str] = field(default_factory=set)
     rows: int = 0
     real_tokens: int = 0
     pixel_bytes: int = 0
+    #: Wall seconds of the epoch in the trainer process.
     seconds: float = 0.0
-    peak_uss: int = 0
-    peak_rss: int = 0
-    peak_buffered: int = 0
     #: Seconds per stage, summed over workers (each worker's last reported totals).
     stage_seconds: dict[str, float] = field(default_factory=dict)
     #: Active wall and CPU seconds of the workers, summed (``stage_times.worker_seconds``).
     worker_seconds: dict[str, float] = field(default_factory=dict)
-    #: Keys of the samples the rows carried.
-    keys: set[str] = field(default_factory=set)
+    #: Peak memory in bytes: USS and RSS of the loader's processes, packing-buffer bytes.
+    peak_uss: int = 0
+    peak_rss: int = 0
+    peak_buffered: int = 0
 
 
 def row_pixel_bytes(row: dict[str, Any]) -> int:

@@ -19,6 +19,10 @@ class BadSampleError(ValueError):
         self.reason = reason
         self.detail = detail
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        """Pickle as ``(reason, detail)`` (worker processes send it back to their parent)."""
+        return type(self), (self.reason, self.detail)
+
 
 class UsageError(ValueError):
     """A user input that cannot work (a path, a split, an option value), caught before any work starts.

@@ -1,4 +1,4 @@
-"""``energon-pack``: demo, prepare, simulate, bench, plan, inspect."""
+"""``energon-pack``: demo, prepare, merge, simulate, bench, plan, inspect."""
 
 from __future__ import annotations
 
@@ -26,9 +26,24 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             verify_media=args.verify_media,
             max_image_pixels=args.max_image_pixels,
             processor=_prepare_processor(args.processor),
+            workers=args.workers,
+            part=args.part,
         )
     except PrepareError as err:
         print(f"energon-pack prepare: {err}", file=sys.stderr)
+        return 1
+    print(format_report(report))
+    return 0
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from energon_pack.data.merge import merge_parts
+    from energon_pack.data.prepare import PrepareError, format_report
+
+    try:
+        report = merge_parts(args.out)
+    except PrepareError as err:
+        print(f"energon-pack merge: {err}", file=sys.stderr)
         return 1
     print(format_report(report))
     return 0
@@ -100,7 +115,7 @@ def comma_separated_ints_or_none(text: str) -> list[int]:
 
 
 DESCRIPTION = (
-    "energon-pack: turn chat records with images and videos into an Energon dataset (prepare), look at it "
+    "energon-pack: turn chat records with images and videos into an Energon dataset (prepare; merge for parts), look at it "
     "(inspect), pack it offline or measure packing (simulate, plan, bench), or run everything on synthetic data "
     "(demo). `energon-pack COMMAND --help` describes each command."
 )
@@ -181,7 +196,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="also record each sample's text tokens for this processor (path or hub id; 'default': the offline "
         "Qwen2.5-VL one), so plan/simulate/inspect read facts instead of the tars (default: media facts only)",
     )
+    prepare.add_argument(
+        "--workers", type=int, default=1,
+        help="processes that read, check and measure the media (1: this process); the dataset is the same for any N",
+    )
+    prepare.add_argument(
+        "--part", default=None, metavar="I/N",
+        help="write only part I of N (0..N-1) of the shards, e.g. one job of an array; then `energon-pack merge OUT` "
+        "(default: the whole dataset)",
+    )
     prepare.set_defaults(func=_cmd_prepare)
+
+    merge = command("merge", "finish a dataset written by `prepare --part I/N` runs: index, splits and facts over all parts")
+    merge.add_argument("out", type=str, help="the --out folder of the parts")
+    merge.set_defaults(func=_cmd_merge)
 
     simulate = command(
         "simulate", "fill and vision patches per row of our bin selection vs first-fit-decreasing per buffer"

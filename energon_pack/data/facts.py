@@ -6,6 +6,9 @@ Each written sample is read back exactly as the loader will read it
 header probes as preencode (``qwen.media.probe_image`` / ``probe_video``) plus their
 orientation, and, with a processor, its chat tokenized once to record its text tokens. The
 rows are put in the dataset's index order (``.nv-meta/index.sqlite``) when the dataset is done.
+
+A sample's facts (:meth:`FactsRecorder.sample_facts`) are plain JSON data, so worker processes
+and ``prepare --part`` runs can compute them and the parent or ``energon-pack merge`` record them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from energon_pack.identity import processor_fingerprint
 from energon_pack.plan.facts import FACTS_FORMAT, TOKENS_FORMAT, Facts, TextTokens, shard_table
 from energon_pack.qwen.media import probe_image, probe_video
 
-__all__ = ["FactsRecorder", "image_orientation", "video_orientation"]
+__all__ = ["FactsRecorder", "SampleFacts", "image_orientation", "video_orientation"]
+
+#: One sample's facts: ``[skip reason, media rows, text tokens, text skip reason, [images, videos,
+#: media bytes]]``; a media row is ``[kind (0 image, 1 video), width, height, orientation, frames,
+#: codec, format, mode, fps]`` ("" for a string that does not apply). JSON round-trips it exactly.
+SampleFacts = list[Any]
 
 _ROTATION_TO_EXIF = {0: 1, 90: 6, 180: 3, 270: 8}
 
@@ -56,43 +64,57 @@ def video_orientation(data: bytes) -> int:
     return 1
 
 
-def _probe(fields: dict[str, Any]) -> tuple[str | None, list[tuple[int, Any, int]]]:
-    """``(skip reason, [(kind, info, orientation), ...])`` of one sample's loader fields."""
+def _probe(fields: dict[str, Any]) -> tuple[str | None, list[list[Any]]]:
+    """``(skip reason, media rows)`` of one sample's loader fields (rows as in ``SampleFacts``)."""
     if fields["invalid_reason"] is not None:
         return fields["invalid_reason"], []
     try:
-        media = [(0, probe_image(data), image_orientation(data)) for data in fields["images"]]
-        media += [(1, probe_video(data), video_orientation(data)) for data in fields["videos"]]
+        media = []
+        for data in fields["images"]:
+            info = probe_image(data)
+            media.append([0, info.width, info.height, image_orientation(data), 0, "", info.format, info.mode, 0.0])
+        for data in fields["videos"]:
+            info = probe_video(data)
+            media.append([1, info.width, info.height, video_orientation(data), info.num_frames, info.codec, "", "",
+                          float(info.fps)])
     except BadSampleError as err:
         return err.reason, []
     return None, media
 
 
 class FactsRecorder:
-    """Collects one sample at a time (:meth:`add`), then writes the sidecar (:meth:`write`).
+    """Measures one sample at a time (:meth:`sample_facts`), records it (:meth:`add`), then writes
+    the sidecar (:meth:`write`).
 
-    ``processor``: also record the text tokens of this processor (None: facts only).
+    ``processor``: also measure and record the text tokens of this processor (None: facts only).
+    ``fingerprint``: without a processor, the ``identity.processor_fingerprint`` of the processor
+    the recorded facts' text tokens were measured with (``energon-pack merge``; None: facts only).
     """
 
-    def __init__(self, processor: Any = None) -> None:
+    def __init__(self, processor: Any = None, *, fingerprint: dict[str, Any] | None = None) -> None:
         self.processor = processor
+        self.fingerprint = processor_fingerprint(processor) if processor is not None else fingerprint
         self._chat = None
         if processor is not None:
             from energon_pack.qwen.encode import QwenChatEncoder
 
             self._chat = QwenChatEncoder(processor)
-        #: key -> (skip reason, media, text tokens, text skip reason, (images, videos, media bytes)).
-        self._by_key: dict[str, tuple[Any, ...]] = {}
+        #: key -> its ``SampleFacts``.
+        self.by_key: dict[str, SampleFacts] = {}
 
-    def add(self, sample: dict[str, Any]) -> None:
-        """Record the WebDataset sample dict ``sample`` (``__key__`` plus its parts as bytes)."""
+    def sample_facts(self, sample: dict[str, Any]) -> SampleFacts:
+        """The facts of the WebDataset sample dict ``sample`` (``__key__`` plus its parts as bytes)."""
         fields = chat_fields_from_parts({name: value for name, value in sample.items() if name != "__key__"})
         reason, media = _probe(fields)
         text, text_reason = 0, None
         if self._chat is not None and reason is None:
             text, text_reason = self._text_tokens(fields)
-        sizes = (len(fields["images"]), len(fields["videos"]), sum(map(len, fields["images"] + fields["videos"])))
-        self._by_key[sample["__key__"]] = (reason, media, text, text_reason, sizes)
+        sizes = [len(fields["images"]), len(fields["videos"]), sum(map(len, fields["images"] + fields["videos"]))]
+        return [reason, media, text, text_reason, sizes]
+
+    def add(self, key: str, facts: SampleFacts) -> None:
+        """Record the facts of the sample ``key``."""
+        self.by_key[key] = facts
 
     def _text_tokens(self, fields: dict[str, Any]) -> tuple[int, str | None]:
         from energon_pack.qwen.template import placeholder_token_count
@@ -116,7 +138,7 @@ class FactsRecorder:
         shards = shard_table(folder)
         with sqlite3.connect(f"file:{folder / '.nv-meta' / 'index.sqlite'}?mode=ro&immutable=1", uri=True) as db:
             keys = [key for (key,) in db.execute("SELECT sample_key FROM samples ORDER BY tar_file_id, sample_index")]
-        per_sample = [self._by_key[key] for key in keys]
+        per_sample = [self.by_key[key] for key in keys]
         reasons = sorted({r for r, *_ in per_sample if r is not None})
         text_reasons = sorted({r for _, _, _, r, _ in per_sample if r is not None})
         tables: dict[str, list[str]] = {"codecs": [], "formats": [], "modes": []}
@@ -129,13 +151,12 @@ class FactsRecorder:
 
         offsets, media_rows, fps = [0], [], []
         for _, media, *_ in per_sample:
-            for kind, info, orientation in media:
+            for kind, width, height, orientation, frames, codec, image_format, mode, rate in media:
                 if kind == 0:
-                    media_rows.append((0, info.width, info.height, orientation, 0, 0, code("formats", info.format), code("modes", info.mode)))
-                    fps.append(0.0)
+                    media_rows.append((0, width, height, orientation, 0, 0, code("formats", image_format), code("modes", mode)))
                 else:
-                    media_rows.append((1, info.width, info.height, orientation, info.num_frames, code("codecs", info.codec), 0, 0))
-                    fps.append(float(info.fps))
+                    media_rows.append((1, width, height, orientation, frames, code("codecs", codec), 0, 0))
+                fps.append(rate)
             offsets.append(len(media_rows))
         rows = np.array(media_rows, dtype=np.int64).reshape(-1, 8)
         columns = {
@@ -153,9 +174,9 @@ class FactsRecorder:
             columns[name] = rows[:, position].astype(dtype)
         facts = Facts(meta={"format": FACTS_FORMAT, "shards": shards, "skip_reasons": reasons, **tables}, columns=columns)
         facts.save(folder)
-        if self.processor is not None:
+        if self.fingerprint is not None:
             TextTokens(
-                meta={"format": TOKENS_FORMAT, "processor": processor_fingerprint(self.processor),
+                meta={"format": TOKENS_FORMAT, "processor": self.fingerprint,
                       "facts_digest": facts.digest, "skip_reasons": text_reasons},
                 columns={
                     "text_tokens": np.array([t for _, _, t, *_ in per_sample], dtype=np.int32),

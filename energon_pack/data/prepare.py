@@ -8,8 +8,12 @@ nothing is pickled.
 
 Records are assigned to the train/val/test splits one by one, in proportion to
 ``--split-ratio`` (so a small dataset splits as asked), and each split has its own shards
-``shards/<split>-NNNNNN.tar``. The dataset is written into a staging folder beside ``--out``
-and moved into place only when everything succeeded.
+``shards/<split>-NNNNNN.tar``. A record's split and shard depend on the records' text and order
+only (``place_records``), so ``--workers N`` (media read and checked in N processes) and
+``--part I/N`` runs (part I of N of the shards, e.g. one job of an array, then
+``energon-pack merge``, ``data.merge``) write the dataset a single run writes, byte for byte.
+The dataset is written into a staging folder beside ``--out`` and moved into place only when
+everything succeeded.
 
 The metadata is read by our loader and by Energon's own tools (``energon lint``, ``energon info``,
 ``energon preview``): ``split.yaml`` lists every split part (train, val, test; empty ones as
@@ -18,12 +22,13 @@ The metadata is read by our loader and by Energon's own tools (``energon lint``,
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -53,6 +58,12 @@ SPLIT_NAMES = ("train", "val", "test")
 GENERATED_ID_PREFIX = "_line"
 #: Most record problems a "no good record" error lists (the report lists them all).
 ERROR_PROBLEM_LINES = 20
+#: Modification time of every tar member (seconds since the epoch): a rerun, ``--workers`` and
+#: ``--part`` runs write the same bytes.
+SHARD_MTIME = 0
+#: The part manifest ``prepare --part I/N`` writes into ``<out>/.nv-meta`` (docs/on_disk_format.md).
+PART_MANIFEST = "energon_pack.part-{part}-of-{parts}.json"
+PART_FORMAT = "energon_pack.part/1"
 
 
 @dataclass(frozen=True)
@@ -89,10 +100,32 @@ class PrepareReport:
     media_kinds: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     #: Images whose EXIF orientation (2-8) turns them when loaded (``RowLayout.apply_exif_orientation``).
     oriented_images: int = 0
+    #: ``(I, N)`` for ``prepare --part I/N``: what this part wrote (no metadata yet).
+    part: tuple[int, int] | None = None
 
     def problem_counts(self) -> Counter[str]:
         """Skipped records by reason."""
         return Counter(p.reason for p in self.problems)
+
+    def to_json(self) -> dict[str, Any]:
+        """The counts, media and problems as JSON data (a part manifest's ``report``)."""
+        return {
+            "written": self.written, "images": self.images, "videos": self.videos, "shards": self.shards,
+            "split_counts": self.split_counts, "generated_ids": self.generated_ids,
+            "oriented_images": self.oriented_images,
+            "media_kinds": [[*kind, count] for kind, count in sorted(self.media_kinds.items())],
+            "problems": [[p.line, p.record_id, p.reason, p.detail] for p in self.problems],
+        }
+
+    def add_json(self, data: dict[str, Any]) -> None:
+        """Add the counts, shards, media and problems of ``to_json`` data (problems stay in line order)."""
+        for name in ("written", "images", "videos", "generated_ids", "oriented_images"):
+            setattr(self, name, getattr(self, name) + data[name])
+        self.shards = sorted(self.shards + data["shards"])
+        for split, count in data["split_counts"].items():
+            self.split_counts[split] = self.split_counts.get(split, 0) + count
+        self.media_kinds.update({tuple(kind): count for *kind, count in data["media_kinds"]})
+        self.problems = sorted(self.problems + [RecordProblem(*problem) for problem in data["problems"]], key=lambda p: p.line)
 
 
 class PrepareError(RuntimeError):
@@ -307,6 +340,51 @@ def _staging_folder(out: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
 
 
+def run_identity(input_path: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """What the parts of one run share: the records file's SHA-256 and the options that shape the
+    dataset (not ``--media-root``, which may be mounted elsewhere on each machine, nor ``--workers``)."""
+    with input_path.open("rb") as records:
+        return {"records_sha256": hashlib.file_digest(records, "sha256").hexdigest(), **options}
+
+
+def part_manifests(out: Path) -> list[Path]:
+    """The part manifests in ``out/.nv-meta``, sorted by name."""
+    return sorted((out / ".nv-meta").glob(PART_MANIFEST.format(part="*", parts="*")))
+
+
+def _check_part_out(out: Path) -> None:
+    """Refuse to add a part to a finished dataset (its index written, no part manifest left)."""
+    if (out / ".nv-meta" / "index.sqlite").exists() and not part_manifests(out):
+        raise UsageError(
+            f"--out {str(out)!r} holds a finished dataset (a plain prepare or a merge); fix: write the parts to a new "
+            "folder, or delete this one first"
+        )
+
+
+def _write_part_manifest(
+    folder: Path, report: PrepareReport, recorder: Any, part_of: tuple[int, int], *, run: dict[str, Any], input_path: str
+) -> None:
+    """Write ``folder/.nv-meta/PART_MANIFEST``: the part, the run, its shards' sizes, report and facts."""
+    part, parts = part_of
+    manifest = {
+        "format": PART_FORMAT, "part": part, "parts": parts, "run": run, "input": input_path,
+        "shard_bytes": {name: (folder / name).stat().st_size for name in report.shards},
+        "report": report.to_json(), "facts": recorder.by_key,
+    }
+    (folder / ".nv-meta").mkdir()
+    (folder / ".nv-meta" / PART_MANIFEST.format(part=part, parts=parts)).write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def _move_part_into_place(staging: Path, out: Path) -> None:
+    """Move a part's shards, then its manifest, into ``out`` beside the other parts' (replacing this part's)."""
+    for name in ("shards", ".nv-meta"):
+        (out / name).mkdir(parents=True, exist_ok=True)
+    for name in ("shards", ".nv-meta"):
+        for path in sorted((staging / name).iterdir()):
+            os.replace(path, out / name / path.name)
+    shutil.rmtree(staging)
+
+
 def _move_into_place(staging: Path, out: Path) -> None:
     """Make the staged dataset the one at ``out``; other files already in ``out`` are kept."""
     if not out.exists():
@@ -319,6 +397,35 @@ def _move_into_place(staging: Path, out: Path) -> None:
             (out / name).rename(replaced / name)
         (staging / name).rename(out / name)
     shutil.rmtree(staging)
+
+
+def check_workers(workers: int) -> None:
+    """Raise ``UsageError`` unless ``workers`` (``--workers``) is an integer >= 1. Example: ``0`` -> UsageError."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise UsageError(
+            f"--workers {workers!r} must be an integer >= 1 (1: read and check media in this process); "
+            "fix: pass e.g. --workers 4"
+        )
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """``--part I/N`` -> ``(I, N)``: part I of N, counted from 0. Example: ``"1/4"`` -> ``(1, 4)``; ``"4/4"`` -> UsageError."""
+    index, _, count = text.partition("/")
+    try:
+        part, parts = int(index), int(count)
+    except ValueError:
+        raise UsageError(
+            f"--part {text!r} must be I/N, part I of N counted from 0; fix: pass e.g. --part 0/4 (and 1/4, 2/4, 3/4 "
+            "to the other runs)"
+        ) from None
+    if parts < 1:
+        raise UsageError(f"--part {text!r} has N={parts} parts; fix: N must be >= 1, e.g. --part 0/4")
+    if not 0 <= part < parts:
+        raise UsageError(
+            f"--part {text!r}: part {part} is not one of the {parts} parts 0..{parts - 1}; fix: pass --part 0/{parts} "
+            f"... --part {parts - 1}/{parts}"
+        )
+    return part, parts
 
 
 def prepare_dataset(
@@ -334,11 +441,14 @@ def prepare_dataset(
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     progress: bool = True,
     processor: Any = None,
+    workers: int = 1,
+    part: str | None = None,
 ) -> PrepareReport:
     """Write the records of ``input_path`` as an Energon WebDataset under ``out_dir``.
 
     Keys are the record ids (``GENERATED_ID_PREFIX`` + line number for records without one).
-    Records go to the splits of ``split_ratio`` in proportion, one by one (``next_split``).
+    Records go to the splits of ``split_ratio`` in proportion, one by one, and to their shards by
+    their order only (``place_records``).
     Returns a report of written records and of every skipped one (line, reason); with
     ``on_error="fail"`` the first problem raises ``PrepareError`` instead. Records with media in
     an assistant turn are skipped (``media_in_assistant_turn``) unless ``allow_assistant_media``.
@@ -349,108 +459,251 @@ def prepare_dataset(
     On any error nothing changes at ``out_dir``.
     The facts sidecar (``.nv-meta/energon_pack.facts.npz``, ``data.facts``) records every
     sample's media facts; with ``processor`` (a loaded processor) also its text tokens.
+    ``workers`` >= 2 reads, checks and measures media in that many processes; the dataset is the
+    same. ``part="I/N"`` writes only part I of N of the shards plus a part manifest
+    (``PART_MANIFEST``) into ``out_dir``; ``data.merge.merge_parts`` then writes the metadata once
+    all N parts are there, the dataset a single run writes.
     """
     splits = parse_split_ratio(split_ratio)
     if isinstance(max_image_pixels, bool) or not isinstance(max_image_pixels, int) or max_image_pixels < 1:
         raise UsageError(f"--max-image-pixels {max_image_pixels!r} must be an integer >= 1, e.g. {DEFAULT_MAX_IMAGE_PIXELS}")
+    if isinstance(samples_per_shard, bool) or not isinstance(samples_per_shard, int) or samples_per_shard < 1:
+        raise UsageError(f"--samples-per-shard {samples_per_shard!r} must be an integer >= 1; fix: pass e.g. 100")
     if on_error not in ("skip", "fail"):
         raise ValueError(f"on_error={on_error!r} must be 'skip' or 'fail'")
+    check_workers(workers)
+    part_of = None if part is None else parse_part(part)
     check_inputs(Path(input_path), Path(media_root))
     out = Path(out_dir)
+    if part_of is not None:
+        _check_part_out(out)
     staging = _staging_folder(out)
     from energon_pack.data.facts import FactsRecorder
 
     recorder = FactsRecorder(processor)
+    checks = MediaChecks(Path(media_root), verify_media, max_image_pixels)
     try:
-        report = _write_dataset(
-            Path(input_path), Path(media_root), staging, splits,
-            on_error=on_error, samples_per_shard=samples_per_shard,
-            allow_assistant_media=allow_assistant_media, verify_media=verify_media,
-            max_image_pixels=max_image_pixels, progress=progress, recorder=recorder,
+        items = place_records(
+            Path(input_path), splits, samples_per_shard=samples_per_shard, allow_assistant_media=allow_assistant_media
         )
-        check_splits_filled(split_ratio, report.split_counts)
-        write_energon_metadata(staging, report.shards)
-        recorder.write(staging)
-        _move_into_place(staging, out)
+        desc = "prepare" + (" (decoding media)" if verify_media else "") + ("" if part is None else f" part {part}")
+        if part_of is not None:
+            items = part_items(items, *part_of)
+        report = _write_shards(
+            items, staging, checks, recorder, workers=workers, on_error=on_error, progress=progress, desc=desc
+        )
+        report.split_counts = {name: report.split_counts.get(name, 0) for name, _ in splits}
+        if part_of is None:
+            check_written(report, str(input_path))
+            check_splits_filled(split_ratio, report.split_counts)
+            write_energon_metadata(staging, report.shards)
+            recorder.write(staging)
+            _move_into_place(staging, out)
+        else:
+            options = dict(
+                split_ratio=split_ratio, on_error=on_error, samples_per_shard=samples_per_shard,
+                allow_assistant_media=allow_assistant_media, verify_media=verify_media,
+                max_image_pixels=max_image_pixels, processor=recorder.fingerprint,
+            )
+            _write_part_manifest(staging, report, recorder, part_of, run=run_identity(Path(input_path), options),
+                                 input_path=str(input_path))
+            _move_part_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     report.out_dir = out
+    report.part = part_of
     return report
 
 
-def _write_dataset(
-    input_path: Path,
-    media_root: Path,
+@dataclass(frozen=True)
+class PlacedRecord:
+    """A record that passed the text checks, and its place: ``split`` and ``shard`` (``shards/<split>-NNNNNN.tar``)."""
+
+    line: int
+    key: str
+    record: ChatRecord
+    split: str
+    shard: str
+
+
+def place_records(
+    input_path: Path, splits: list[tuple[str, float]], *, samples_per_shard: int, allow_assistant_media: bool
+) -> list[PlacedRecord | RecordProblem]:
+    """Every record of ``input_path`` in order: placed, or the problem that skips it for its text
+    (JSON, form, id, a duplicate id, media in an assistant turn unless ``allow_assistant_media``).
+
+    The place depends on the records' text and order only, never on their media or on a process,
+    so ``--workers`` and ``--part`` runs place every record as a single run does: the n-th placed
+    record goes to the split ``next_split`` picks, and the j-th record of a split to its shard
+    ``j // samples_per_shard``. A record skipped later for its media keeps its place (its shard
+    holds one sample fewer) and its id (a later record with that id is a ``duplicate_id``).
+    Example: 5 records, ratio ``1,0,0``, 2 per shard -> shards ``train-000000`` (2 records),
+    ``train-000001`` (2), ``train-000002`` (1).
+    """
+    weights = [weight for _, weight in splits]
+    counts = [0] * len(splits)
+    seen_keys: set[str] = set()
+    items: list[PlacedRecord | RecordProblem] = []
+    for line, record in iter_input_records(input_path):
+        record_id = record.get("id") if isinstance(record, dict) else None
+        try:
+            if isinstance(record, BadSampleError):
+                raise record
+            parsed = parse_record(record)
+            key = record_key(parsed.id, line)
+            if key in seen_keys:
+                raise BadSampleError("duplicate_id", f"record id {key!r} was used by an earlier record")
+            if not allow_assistant_media:
+                check_no_assistant_media(parsed.messages)
+        except BadSampleError as err:
+            items.append(RecordProblem(line, None if record_id is None else str(record_id), err.reason, err.detail))
+            continue
+        seen_keys.add(key)
+        index = next_split(counts, weights)
+        split = splits[index][0]
+        items.append(PlacedRecord(line, key, parsed, split, f"shards/{split}-{counts[index] // samples_per_shard:06d}.tar"))
+        counts[index] += 1
+    return items
+
+
+def part_items(items: list[PlacedRecord | RecordProblem], part: int, parts: int) -> list[PlacedRecord | RecordProblem]:
+    """What part ``part`` of ``parts`` writes: the records of its shards (shard j of the S shard
+    names, sorted, belongs to part ``j * parts // S``) and, in part 0, every text problem.
+    Example: shards ``test-0, train-0, train-1, val-0`` in 2 parts -> part 0 ``test-0, train-0``."""
+    shards = sorted({item.shard for item in items if isinstance(item, PlacedRecord)})
+    owned = {name for j, name in enumerate(shards) if j * parts // len(shards) == part}
+    return [item for item in items if (item.shard in owned if isinstance(item, PlacedRecord) else part == 0)]
+
+
+@dataclass(frozen=True)
+class MediaChecks:
+    """How a record's media are read and checked (``build_wds_sample``; sent to each worker process)."""
+
+    media_root: Path
+    verify_media: bool
+    max_image_pixels: int
+
+
+@dataclass
+class BuiltSample:
+    """A placed record read and checked: its WebDataset sample and facts, or the ``error`` that
+    skips it; ``media_kinds`` and ``oriented_images`` count as in ``PrepareReport``."""
+
+    sample: dict[str, Any] | None
+    error: BadSampleError | None = None
+    media_kinds: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    oriented_images: int = 0
+    facts: Any = None
+
+
+def build_placed(placed: PlacedRecord, checks: MediaChecks, recorder: Any) -> BuiltSample:
+    """Read and check the media of ``placed`` and measure its facts (``recorder.sample_facts``)."""
+    counted = PrepareReport(out_dir=checks.media_root)
+    try:
+        sample = build_wds_sample(
+            placed.key, placed.record, checks.media_root, verify_media=checks.verify_media,
+            max_image_pixels=checks.max_image_pixels, report=counted,
+        )
+    except BadSampleError as err:
+        return BuiltSample(None, error=err)
+    return BuiltSample(sample, None, counted.media_kinds, counted.oriented_images, recorder.sample_facts(sample))
+
+
+#: ``(MediaChecks, FactsRecorder)`` of a worker process (set by ``_start_worker``).
+_worker_state: tuple[MediaChecks, Any] | None = None
+#: Records a worker process gets at a time.
+WORKER_CHUNK = 4
+
+
+def _start_worker(checks: MediaChecks, processor: Any) -> None:
+    from energon_pack.data.facts import FactsRecorder
+
+    global _worker_state
+    _worker_state = (checks, FactsRecorder(processor))
+
+
+def _build_in_worker(placed: PlacedRecord) -> BuiltSample:
+    assert _worker_state is not None, "worker started without _start_worker"
+    return build_placed(placed, *_worker_state)
+
+
+def build_all(placed: list[PlacedRecord], checks: MediaChecks, recorder: Any, workers: int) -> Iterator[BuiltSample]:
+    """``build_placed`` of every record of ``placed``, in order; with ``workers`` >= 2 in that many
+    spawned processes (torch and PyAV are not fork-safe), each with its own ``recorder.processor``."""
+    if workers == 1:
+        for item in placed:
+            yield build_placed(item, checks, recorder)
+        return
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=_start_worker, initargs=(checks, recorder.processor)) as pool:
+        yield from pool.imap(_build_in_worker, placed, chunksize=WORKER_CHUNK)
+
+
+def _write_shards(
+    items: list[PlacedRecord | RecordProblem],
     out: Path,
-    splits: list[tuple[str, float]],
-    *,
-    on_error: Literal["skip", "fail"],
-    samples_per_shard: int,
-    allow_assistant_media: bool,
-    verify_media: bool,
-    max_image_pixels: int,
-    progress: bool,
+    checks: MediaChecks,
     recorder: Any,
+    *,
+    workers: int,
+    on_error: Literal["skip", "fail"],
+    progress: bool,
+    desc: str,
 ) -> PrepareReport:
-    """Write the shards of every split into ``out/shards`` (each sample also to ``recorder``)."""
+    """Write the placed records of ``items`` into their shards under ``out/shards`` (each sample's
+    facts to ``recorder``); report them and every problem, in record order."""
     import webdataset as wds
     from tqdm import tqdm
 
     (out / "shards").mkdir()
-    report = PrepareReport(out_dir=out, split_counts={name: 0 for name, _ in splits})
-    weights = [weight for _, weight in splits]
-    seen_keys: set[str] = set()
-    with ExitStack() as stack:
-        writers: dict[str, Any] = {}
-        desc = "prepare (decoding media)" if verify_media else "prepare"
-        records = tqdm(iter_input_records(input_path), desc=desc, unit="rec", disable=not progress)
-        for line, record in records:
-            record_id = record.get("id") if isinstance(record, dict) else None
-            try:
-                if isinstance(record, BadSampleError):
-                    raise record
-                parsed = parse_record(record)
-                key = record_key(parsed.id, line)
-                if key in seen_keys:
-                    raise BadSampleError("duplicate_id", f"record id {key!r} was used by an earlier record")
-                if not allow_assistant_media:
-                    check_no_assistant_media(parsed.messages)
-                sample = build_wds_sample(
-                    key, parsed, media_root, verify_media=verify_media, max_image_pixels=max_image_pixels, report=report
-                )
-            except BadSampleError as err:
-                problem = RecordProblem(
-                    line=line,
-                    record_id=None if record_id is None else str(record_id),
-                    reason=err.reason,
-                    detail=err.detail,
-                )
+    report = PrepareReport(out_dir=out)
+    built = build_all([item for item in items if isinstance(item, PlacedRecord)], checks, recorder, workers)
+    writers: dict[str, tuple[str, Any]] = {}  # split -> (shard name, its open writer)
+    try:
+        for item in tqdm(items, desc=desc, unit="rec", disable=not progress):
+            if isinstance(item, PlacedRecord):
+                result = next(built)
+                if result.error is not None:
+                    item = RecordProblem(item.line, item.record.id, result.error.reason, result.error.detail)
+            if isinstance(item, RecordProblem):
                 if on_error == "fail":
-                    raise PrepareError(str(problem)) from None
-                report.problems.append(problem)
+                    raise PrepareError(str(item))
+                report.problems.append(item)
                 continue
-            seen_keys.add(key)
-            split = splits[next_split(list(report.split_counts.values()), weights)][0]
-            if split not in writers:
-                pattern = str(out / "shards" / f"{split}-%06d.tar")
-                writers[split] = stack.enter_context(wds.ShardWriter(pattern, maxcount=samples_per_shard, verbose=0))
-            writers[split].write(sample)
-            recorder.add(sample)
-            report.split_counts[split] += 1
+            if item.split not in writers or writers[item.split][0] != item.shard:
+                if item.split in writers:
+                    writers.pop(item.split)[1].close()
+                writers[item.split] = (item.shard, wds.TarWriter(str(out / item.shard), mtime=SHARD_MTIME))
+                report.shards.append(item.shard)
+            writers[item.split][1].write(result.sample)
+            recorder.add(item.key, result.facts)
+            report.media_kinds.update(result.media_kinds)
+            report.oriented_images += result.oriented_images
+            report.split_counts[item.split] = report.split_counts.get(item.split, 0) + 1
             report.written += 1
-            report.generated_ids += parsed.id is None
-            report.images += len(parsed.images)
-            report.videos += len(parsed.videos)
+            report.generated_ids += item.record.id is None
+            report.images += len(item.record.images)
+            report.videos += len(item.record.videos)
+    finally:
+        for _, writer in writers.values():
+            writer.close()
+        built.close()
+    report.shards.sort()
+    return report
+
+
+def check_written(report: PrepareReport, input_path: str) -> None:
+    """Raise ``PrepareError`` listing the problems when no record of ``input_path`` was written."""
     if not report.written:
         raise PrepareError(
             "\n".join([
-                f"no good record in {str(input_path)!r}: nothing to write ({len(report.problems)} problems):",
+                f"no good record in {input_path!r}: nothing to write ({len(report.problems)} problems):",
                 *problem_lines(report.problems, limit=ERROR_PROBLEM_LINES),
             ])
         )
-    report.shards = sorted(p.relative_to(out).as_posix() for p in (out / "shards").glob("*.tar"))
-    return report
 
 
 def check_splits_filled(split_ratio: str, counts: dict[str, int]) -> None:
@@ -497,7 +750,8 @@ def format_report(report: PrepareReport) -> str:
     line per skipped record."""
     splits = ", ".join(f"{name}: {count}" for name, count in report.split_counts.items())
     lines = [
-        f"wrote {report.written} samples ({report.images} images, {report.videos} videos) "
+        ("" if report.part is None else f"part {report.part[0]}/{report.part[1]}: ")
+        + f"wrote {report.written} samples ({report.images} images, {report.videos} videos) "
         f"in {len(report.shards)} shard(s) to {report.out_dir} ({splits})",
     ]
     if report.generated_ids:
@@ -514,4 +768,9 @@ def format_report(report: PrepareReport) -> str:
     if report.problems:
         lines.append(f"skipped {len(report.problems)} record(s):")
         lines += problem_lines(report.problems)
+    if report.part is not None:
+        lines.append(
+            f"part {report.part[0]}/{report.part[1]} done; once all {report.part[1]} parts are, run: "
+            f"energon-pack merge {report.out_dir}"
+        )
     return "\n".join(lines)

@@ -127,3 +127,94 @@ def test_a_missing_msc_dataset_is_one_line(tmp_path, capsys, monkeypatch):
 def test_simulate_step_table_bad_values(capsys, argv, fragments):
     line = one_line_error(capsys, ["simulate", "--samples", "50", *argv])
     assert all(fragment in line for fragment in fragments), line
+
+
+@pytest.mark.parametrize(
+    "option, fragments",
+    [
+        (["--workers", "0"], ["--workers 0", ">= 1"]),
+        (["--workers", "-1"], ["--workers -1", ">= 1"]),
+        (["--workers", "abc"], ["--workers", "'abc'"]),
+        (["--part", "2/2"], ["--part '2/2'", "0/2"]),
+        (["--part", "x"], ["--part 'x'", "I/N"]),
+        (["--part", "1/0"], ["--part '1/0'", "N must be >= 1"]),
+    ],
+)
+def test_prepare_bad_workers_and_part(records, capsys, option, fragments):
+    out = records.parent / "ds"
+    line = one_line_error(capsys, ["prepare", str(records), "--media-root", str(records.parent / "media"), "--out", str(out), *option])
+    assert all(fragment in line for fragment in fragments), line
+    assert not out.exists()
+
+
+def _parts(records: Path, out: Path, parts: int, *only: int, options: tuple[str, ...] = ()) -> None:
+    for part in only or range(parts):
+        argv = ["prepare", str(records), "--media-root", str(records.parent / "media"), "--out", str(out),
+                "--samples-per-shard", "1", "--part", f"{part}/{parts}", *options]
+        assert main(argv) == 0
+
+
+def test_merge_missing_folder_msc_path_and_plain_dataset(records, capsys):
+    line = one_line_error(capsys, ["merge", str(records.parent / "nope")])
+    assert "nope" in line and "not a folder" in line and "--part I/N" in line
+    line = one_line_error(capsys, ["merge", "msc://profile/ds"])
+    assert "msc://profile/ds" in line and "local folder" in line
+    line = one_line_error(capsys, ["merge", str(records.parent / "media")])
+    assert "no part manifest" in line and "prepare ... --part I/N" in line
+    plain = records.parent / "plain"
+    assert main(["prepare", str(records), "--media-root", str(records.parent / "media"), "--out", str(plain)]) == 0
+    capsys.readouterr()
+    line = one_line_error(capsys, ["merge", str(plain)])
+    assert "finished dataset" in line and "nothing to merge" in line
+    line = one_line_error(capsys, ["prepare", str(records), "--media-root", str(records.parent / "media"), "--out",
+                                   str(plain), "--part", "0/2"])
+    assert "finished dataset" in line and "new folder" in line
+
+
+def test_merge_twice_and_a_missing_part(records, capsys):
+    out = records.parent / "parts"
+    _parts(records, out, 3, 0, 2)
+    capsys.readouterr()
+    line = one_line_error(capsys, ["merge", str(out)])
+    assert "part(s) 1/3 missing" in line and "--part 1/3" in line
+    _parts(records, out, 3, 1)
+    assert main(["merge", str(out)]) == 0
+    capsys.readouterr()
+    line = one_line_error(capsys, ["merge", str(out)])
+    assert "finished dataset" in line and "merged already" in line
+
+
+def test_merge_parts_of_different_runs(records, capsys):
+    out = records.parent / "parts"
+    _parts(records, out, 2, 0)
+    _parts(records, out, 2, 1, options=("--split-ratio", "1,1,0"))
+    capsys.readouterr()
+    line = one_line_error(capsys, ["merge", str(out)])
+    assert "part 1/2 and part 0/2 are parts of different runs (split_ratio: '1,1,0' vs '1,0,0')" in line
+    assert "rerun prepare --part 1/2" in line
+    _parts(records, out, 2, 1)
+    _parts(records, out, 3, 1)
+    capsys.readouterr()
+    line = one_line_error(capsys, ["merge", str(out)])
+    assert "different runs (N=3 and N=2)" in line
+    records.write_text(records.read_text() + records.read_text().replace('"r', '"s'))
+    (out / ".nv-meta" / "energon_pack.part-1-of-3.json").unlink()
+    _parts(records, out, 2, 1)
+    capsys.readouterr()
+    line = one_line_error(capsys, ["merge", str(out)])
+    assert "(records_sha256:" in line
+
+
+def test_merge_a_lost_or_a_stray_shard(records, capsys):
+    out = records.parent / "parts"
+    _parts(records, out, 2)
+    shard = out / "shards" / "train-000003.tar"
+    data = shard.read_bytes()
+    shard.unlink()
+    capsys.readouterr()
+    line = one_line_error(capsys, ["merge", str(out)])
+    assert "'shards/train-000003.tar' of part 1/2 is missing or changed" in line and "--part 1/2" in line
+    shard.write_bytes(data)
+    (out / "shards" / "train-000009.tar").write_bytes(data)
+    line = one_line_error(capsys, ["merge", str(out)])
+    assert "'shards/train-000009.tar' belongs to no part" in line and "delete it" in line

@@ -138,9 +138,10 @@ def test_simulate_step_table_bad_values(capsys, argv, fragments):
         (["--part", "2/2"], ["--part '2/2'", "0/2"]),
         (["--part", "x"], ["--part 'x'", "I/N"]),
         (["--part", "1/0"], ["--part '1/0'", "N must be >= 1"]),
+        (["--samples-per-shard", "0"], ["--samples-per-shard 0", ">= 1"]),
     ],
 )
-def test_prepare_bad_workers_and_part(records, capsys, option, fragments):
+def test_prepare_bad_workers_part_and_shard_size(records, capsys, option, fragments):
     out = records.parent / "ds"
     line = one_line_error(capsys, ["prepare", str(records), "--media-root", str(records.parent / "media"), "--out", str(out), *option])
     assert all(fragment in line for fragment in fragments), line

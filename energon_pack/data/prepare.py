@@ -399,13 +399,11 @@ def _move_into_place(staging: Path, out: Path) -> None:
     shutil.rmtree(staging)
 
 
-def check_workers(workers: int) -> None:
-    """Raise ``UsageError`` unless ``workers`` (``--workers``) is an integer >= 1. Example: ``0`` -> UsageError."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise UsageError(
-            f"--workers {workers!r} must be an integer >= 1 (1: read and check media in this process); "
-            "fix: pass e.g. --workers 4"
-        )
+def check_positive_int(value: Any, option: str, rest: str) -> None:
+    """Raise ``UsageError`` ``"<option> <value> must be an integer >= 1<rest>"`` unless ``value`` is one.
+    Example: ``(0, "--workers", ", e.g. 4")`` -> UsageError("--workers 0 must be an integer >= 1, e.g. 4")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{option} {value!r} must be an integer >= 1{rest}")
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -465,13 +463,11 @@ def prepare_dataset(
     all N parts are there, the dataset a single run writes.
     """
     splits = parse_split_ratio(split_ratio)
-    if isinstance(max_image_pixels, bool) or not isinstance(max_image_pixels, int) or max_image_pixels < 1:
-        raise UsageError(f"--max-image-pixels {max_image_pixels!r} must be an integer >= 1, e.g. {DEFAULT_MAX_IMAGE_PIXELS}")
-    if isinstance(samples_per_shard, bool) or not isinstance(samples_per_shard, int) or samples_per_shard < 1:
-        raise UsageError(f"--samples-per-shard {samples_per_shard!r} must be an integer >= 1; fix: pass e.g. 100")
+    check_positive_int(max_image_pixels, "--max-image-pixels", f", e.g. {DEFAULT_MAX_IMAGE_PIXELS}")
+    check_positive_int(samples_per_shard, "--samples-per-shard", "; fix: pass e.g. 100")
+    check_positive_int(workers, "--workers", " (1: read and check media in this process); fix: pass e.g. --workers 4")
     if on_error not in ("skip", "fail"):
         raise ValueError(f"on_error={on_error!r} must be 'skip' or 'fail'")
-    check_workers(workers)
     part_of = None if part is None else parse_part(part)
     check_inputs(Path(input_path), Path(media_root))
     out = Path(out_dir)

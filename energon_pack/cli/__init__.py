@@ -41,7 +41,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     from energon_pack.data.prepare import PrepareError, format_report
 
     try:
-        report = merge_parts(args.out)
+        report = merge_parts(args.dataset)
     except PrepareError as err:
         print(f"energon-pack merge: {err}", file=sys.stderr)
         return 1
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.set_defaults(func=_cmd_prepare)
 
     merge = command("merge", "finish a dataset written by `prepare --part I/N` runs: index, splits and facts over all parts")
-    merge.add_argument("out", type=str, help="the --out folder of the parts")
+    merge.add_argument("dataset", type=str, help="the --out folder of the parts (a local folder)")
     merge.set_defaults(func=_cmd_merge)
 
     simulate = command(

@@ -27,9 +27,10 @@ import json
 import os
 import shutil
 import tempfile
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,9 +59,11 @@ SPLIT_NAMES = ("train", "val", "test")
 GENERATED_ID_PREFIX = "_line"
 #: Most record problems a "no good record" error lists (the report lists them all).
 ERROR_PROBLEM_LINES = 20
-#: Modification time of every tar member (seconds since the epoch): a rerun, ``--workers`` and
-#: ``--part`` runs write the same bytes.
-SHARD_MTIME = 0
+#: Modification time of every tar member (seconds since the epoch; 2000-01-01 00:00:00.5 UTC): a
+#: rerun, ``--workers`` and ``--part`` runs write the same bytes. Its half second makes tarfile
+#: write each member's PAX ``mtime`` record as it did for the time of writing, so shard sizes (and
+#: the dataset fingerprints of plans) are those of earlier prepares.
+SHARD_MTIME = 946684800.5
 #: The part manifest ``prepare --part I/N`` writes into ``<out>/.nv-meta`` (docs/on_disk_format.md).
 PART_MANIFEST = "energon_pack.part-{part}-of-{parts}.json"
 PART_FORMAT = "energon_pack.part/1"
@@ -608,8 +611,10 @@ def build_placed(placed: PlacedRecord, checks: MediaChecks, recorder: Any) -> Bu
 
 #: ``(MediaChecks, FactsRecorder)`` of a worker process (set by ``_start_worker``).
 _worker_state: tuple[MediaChecks, Any] | None = None
-#: Records a worker process gets at a time.
+#: Records a worker process gets at a time, and such chunks in flight per worker: the samples
+#: (media bytes) waiting for the parent stay few whatever the dataset's size.
 WORKER_CHUNK = 4
+CHUNKS_AHEAD = 4
 
 
 def _start_worker(checks: MediaChecks, processor: Any) -> None:
@@ -619,23 +624,29 @@ def _start_worker(checks: MediaChecks, processor: Any) -> None:
     _worker_state = (checks, FactsRecorder(processor))
 
 
-def _build_in_worker(placed: PlacedRecord) -> BuiltSample:
+def _build_in_worker(chunk: list[PlacedRecord]) -> list[BuiltSample]:
     assert _worker_state is not None, "worker started without _start_worker"
-    return build_placed(placed, *_worker_state)
+    return [build_placed(placed, *_worker_state) for placed in chunk]
 
 
 def build_all(placed: list[PlacedRecord], checks: MediaChecks, recorder: Any, workers: int) -> Iterator[BuiltSample]:
     """``build_placed`` of every record of ``placed``, in order; with ``workers`` >= 2 in that many
-    spawned processes (torch and PyAV are not fork-safe), each with its own ``recorder.processor``."""
+    spawned processes (torch and PyAV are not fork-safe), each with its own ``recorder.processor``,
+    at most ``workers * CHUNKS_AHEAD`` chunks of ``WORKER_CHUNK`` records ahead of the caller."""
     if workers == 1:
         for item in placed:
             yield build_placed(item, checks, recorder)
         return
     import multiprocessing
 
+    chunks = (placed[start:start + WORKER_CHUNK] for start in range(0, len(placed), WORKER_CHUNK))
     context = multiprocessing.get_context("spawn")
     with context.Pool(workers, initializer=_start_worker, initargs=(checks, recorder.processor)) as pool:
-        yield from pool.imap(_build_in_worker, placed, chunksize=WORKER_CHUNK)
+        pending = deque(pool.apply_async(_build_in_worker, (chunk,)) for chunk in islice(chunks, workers * CHUNKS_AHEAD))
+        while pending:
+            done = pending.popleft().get()
+            pending.extend(pool.apply_async(_build_in_worker, (chunk,)) for chunk in islice(chunks, 1))
+            yield from done
 
 
 def _write_shards(

@@ -11,7 +11,8 @@ Records are assigned to the train/val/test splits one by one, in proportion to
 ``shards/<split>-NNNNNN.tar``. A record's split and shard depend on the records' text and order
 only (``place_records``), so ``--workers N`` (media read and checked in N processes) and
 ``--part I/N`` runs (part I of N of the shards, e.g. one job of an array, then
-``energon-pack merge``, ``data.merge``) write the dataset a single run writes, byte for byte.
+``energon-pack merge``, ``data.merge``) write the dataset a single run writes, byte for byte
+(but Energon's random ``index.uuid``).
 The dataset is written into a staging folder beside ``--out`` and moved into place only when
 everything succeeded.
 

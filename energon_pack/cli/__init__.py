@@ -4,46 +4,44 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from energon_pack.errors import UsageError
 
 
-def _cmd_prepare(args: argparse.Namespace) -> int:
-    from energon_pack.data.prepare import PrepareError, format_report, prepare_dataset
+#: prepare's options that go to ``prepare_dataset`` under their own names.
+_PREPARE_OPTIONS = (
+    "split_ratio", "on_error", "samples_per_shard", "allow_assistant_media", "verify_media", "max_image_pixels",
+    "workers", "part",
+)
 
-    try:
-        report = prepare_dataset(
-            args.input,
-            args.media_root,
-            args.out,
-            split_ratio=args.split_ratio,
-            on_error=args.on_error,
-            samples_per_shard=args.samples_per_shard,
-            allow_assistant_media=args.allow_assistant_media,
-            verify_media=args.verify_media,
-            max_image_pixels=args.max_image_pixels,
-            processor=_prepare_processor(args.processor),
-            workers=args.workers,
-            part=args.part,
-        )
-    except PrepareError as err:
-        print(f"energon-pack prepare: {err}", file=sys.stderr)
-        return 1
-    print(format_report(report))
-    return 0
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from energon_pack.data.prepare import prepare_dataset
+
+    options = {name: getattr(args, name) for name in _PREPARE_OPTIONS}
+    return _print_prepare_report(
+        "prepare",
+        lambda: prepare_dataset(args.input, args.media_root, args.out, processor=_prepare_processor(args.processor), **options),
+    )
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     from energon_pack.data.merge import merge_parts
+
+    return _print_prepare_report("merge", lambda: merge_parts(args.dataset))
+
+
+def _print_prepare_report(command: str, write: Callable[[], Any]) -> int:
+    """Run ``write`` (a prepare or merge) and print its report: 0, or 1 when the data failed (``PrepareError``)."""
     from energon_pack.data.prepare import PrepareError, format_report
 
     try:
-        report = merge_parts(args.dataset)
+        report = write()
     except PrepareError as err:
-        print(f"energon-pack merge: {err}", file=sys.stderr)
+        print(f"energon-pack {command}: {err}", file=sys.stderr)
         return 1
     print(format_report(report))
     return 0

@@ -24,6 +24,7 @@ __all__ = [
     "check_resume_fingerprint",
     "dataset_config_fingerprint",
     "encoder_fingerprint",
+    "encoder_fingerprint_of",
     "fingerprint_mismatches",
     "flat_fingerprint",
     "packing_fingerprint",
@@ -157,11 +158,13 @@ def processor_fingerprint(processor: Any) -> dict[str, Any]:
 def encoder_fingerprint(encoder: Any) -> dict[str, Any]:
     """Identity of what turns a sample into tokens and pixels: processor, vision limits, rope
     (``encoder``: a ``QwenVLPackingTaskEncoder``)."""
-    return {
-        **processor_fingerprint(encoder.processor),
-        **{f"vision.{name}": value for name, value in vars(encoder.vision).items()},
-        "rope": repr(encoder.rope_spec),
-    }
+    return encoder_fingerprint_of(processor_fingerprint(encoder.processor), encoder.vision, repr(encoder.rope_spec))
+
+
+def encoder_fingerprint_of(processor: Mapping[str, Any], vision: Any, rope: str) -> dict[str, Any]:
+    """``encoder_fingerprint`` from its parts: a ``processor_fingerprint``, a ``VisionSpec`` and
+    the ``repr`` of a ``RopeSpec`` (as a processor card holds them, ``qwen.card``)."""
+    return {**processor, **{f"vision.{name}": value for name, value in vars(vision).items()}, "rope": rope}
 
 
 def dataset_config_fingerprint(dataset_config: Any) -> str:

@@ -13,6 +13,7 @@ import pytest
 from energon_pack.config import PackingConfig
 from energon_pack.data.prepare import prepare_dataset
 from energon_pack.data.synthetic import SyntheticSpec, make_records
+from energon_pack.identity import processor_fingerprint
 from energon_pack.plan.build import measure_dataset, measure_split, plan_split
 from energon_pack.plan.facts import Facts, fresh_facts
 from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
@@ -60,13 +61,13 @@ def test_facts_record_media_and_skips(facts_dataset):
 
 def test_stale_or_other_processor_facts_measure(facts_dataset, processor, processor_qwen3, tmp_path):
     config = PackingConfig(num_workers=0, seq_length=2048)
-    assert "no text tokens for this processor" in fresh_facts(facts_dataset, processor_qwen3)
+    assert "no text tokens for this processor" in fresh_facts(facts_dataset, processor_fingerprint(processor_qwen3))
     copy = tmp_path / "ds"
     shutil.copytree(facts_dataset, copy)
     first = Facts.load(copy).meta["shards"][0][0]
     with open(copy / first, "ab") as shard:
         shard.write(b"\0" * 512)
-    why = fresh_facts(copy, processor)
+    why = fresh_facts(copy, processor_fingerprint(processor))
     assert why.startswith("facts stale for 1 shard(s), first " + first), why
     encoder = QwenVLPackingTaskEncoder(config, processor)
     _, source = measure_dataset(copy, encoder, num_workers=0, progress=False)

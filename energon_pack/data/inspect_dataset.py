@@ -47,12 +47,13 @@ def prepared_samples(
     one line saying which. Example: -> ``([FactSample(...), ...], "measured from facts (...)")``.
     """
     from energon_pack.plan.build import FactSample, iter_fact_samples
+    from energon_pack.identity import processor_fingerprint
     from energon_pack.plan.facts import fresh_facts
     from energon_pack.qwen.fit import MediaGeometry
 
     check_dataset_path(dataset, split=split)
     encoder = _wide_encoder(processor)
-    found = fresh_facts(dataset, encoder.processor) if facts else "--measure"
+    found = fresh_facts(dataset, processor_fingerprint(encoder.processor)) if facts else "--measure"
     if not isinstance(found, str):
         samples = list(iter_fact_samples(dataset, encoder, *found, split=split))
         return samples[:limit], "measured from facts (.nv-meta/energon_pack.facts.npz, fresh)"

@@ -14,7 +14,7 @@ from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.algorithms import RoundSize, RowBudget
 
-__all__ = ["round_size", "row_budget", "sample_misfit"]
+__all__ = ["fits_one_row", "round_size", "row_budget", "sample_misfit"]
 
 
 def round_size(row: RowLayout, policy: PackingPolicy) -> RoundSize:
@@ -38,6 +38,17 @@ def row_budget(row: RowLayout, policy: PackingPolicy) -> RowBudget:
         vision_patches=policy.max_row_vision_patches,
         media=policy.max_row_media,
     )
+
+
+def fits_one_row(num_tokens: int, vision_patches: int, row: RowLayout, policy: PackingPolicy) -> bool:
+    """Whether a sample of ``num_tokens`` tokens and ``vision_patches`` ViT patches fits one row:
+    its aligned length within ``seq_length`` and its patches within ``max_row_vision_patches``
+    (the media count limit is the packing stage's to check); what ``on_overlong="shrink"`` aims at.
+
+    Example: 8190 tokens, pad_multiple 8, W=8192 -> True (8192 slots); 8193 tokens -> False.
+    """
+    budget = policy.max_row_vision_patches
+    return aligned_length(num_tokens, row.pad_multiple) <= row.seq_length and (budget is None or vision_patches <= budget)
 
 
 def sample_misfit(sample: Any, budget: RowBudget, row: RowLayout, policy: PackingPolicy) -> BadSampleError | None:

@@ -26,7 +26,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
@@ -35,14 +34,14 @@ import numpy as np
 
 from energon_pack.config import PackingConfig
 from energon_pack.errors import UsageError
-from energon_pack.identity import encoder_fingerprint, plan_fingerprint, split_fingerprint
+from energon_pack.identity import encoder_fingerprint, plan_fingerprint, processor_fingerprint, split_fingerprint
 from energon_pack.packing.balance import balance_rows
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.global_plan import plan_rows_flat, rows_to_lists
-from energon_pack.plan.facts import Facts, TextTokens, fresh_facts
+from energon_pack.plan.accounting import TokenAccounting
+from energon_pack.plan.facts import Facts, TextTokens, fresh_facts, local_split
 from energon_pack.plan.file import PackPlan
-from energon_pack.qwen.fit import media_geometry
-from energon_pack.qwen.template import placeholder_token_count
+from energon_pack.qwen.fit import media_geometry, shrink_limits
 from energon_pack.rows.flops import CostModel, grid_rows
 
 __all__ = [
@@ -101,10 +100,15 @@ def open_split(path: str | Path, split: str, worker_config: Any) -> Any:
 
 
 def dataset_fingerprint(path: str | Path, split: str) -> dict[str, Any]:
-    """Split name and shard table ``[[name, samples, bytes], ...]`` of a prepared dataset.
+    """Split name and shard table ``[[name, samples, bytes], ...]`` of a prepared dataset (in
+    Energon's shard order), read from ``.nv-meta`` for a local dataset ``prepare`` wrote
+    (``plan.facts.local_split``, no Energon import), else from Energon's dataset factory.
 
-    Example: ``{"split": "train", "shards": [["shards/data-000000.tar", 16, 1048576], ...]}``.
+    Example: ``{"split": "train", "shards": [["shards/data-000000.tar", 16, 1048576], ...], "excluded_samples": 0}``.
     """
+    local = local_split(path, split)
+    if local is not None:
+        return local
     from megatron.energon import WorkerConfig
 
     return split_fingerprint(open_split(path, split, WorkerConfig(rank=0, world_size=1, num_workers=0)), split)
@@ -204,34 +208,17 @@ def measure_split(
 
 def split_fact_rows(path: str | Path, split: str, facts: Facts) -> np.ndarray:
     """Fact row of every Energon sample index of ``split`` (int64 [n]): its shards in Energon's order."""
-    from megatron.energon import WorkerConfig
-
     starts, position = {}, 0
     for name, count, *_ in facts.meta["shards"]:
         starts[name] = position
         position += int(count)
-    factory = open_split(path, split, WorkerConfig(rank=0, world_size=1, num_workers=0))
-    parts = [starts[shard.name] + np.arange(int(shard.count), dtype=np.int64) for shard in factory.shards]
+    parts = [starts[name] + np.arange(int(count), dtype=np.int64) for name, count, _ in dataset_fingerprint(path, split)["shards"]]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _expansion_counter(processor: Any) -> Any:
-    """``placeholder_token_count`` of a geometry, memoised per (grids, timings): one tokenizer
-    call per distinct medium shape."""
-
-    @lru_cache(maxsize=1 << 16)
-    def count(image_grids: tuple, video_grids: tuple, timings: tuple) -> int:
-        return placeholder_token_count(
-            processor,
-            image_grid_thw=np.array(image_grids, dtype=np.int64).reshape(-1, 3) if image_grids else None,
-            video_grid_thw=np.array(video_grids, dtype=np.int64).reshape(-1, 3) if video_grids else None,
-            videos=list(timings),
-        )
-
-    def expansion(geometry: Any) -> int:
-        return count(tuple(grid_rows(geometry.image_grid_thw)), tuple(grid_rows(geometry.video_grid_thw)), tuple(geometry.timings))
-
-    return expansion
+def accounting_of(encoder: Any) -> TokenAccounting:
+    """``encoder`` when it is a ``TokenAccounting``, else the accounting of that task encoder."""
+    return encoder if isinstance(encoder, TokenAccounting) else TokenAccounting.of_encoder(encoder)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,23 +237,26 @@ class FactSample:
 
 
 def iter_fact_samples(path: str | Path, encoder: Any, facts: Facts, tokens: TextTokens, *, split: str = "train") -> Iterator[FactSample]:
-    """Every sample of ``split`` as preencode would measure it, from facts (no tar read)."""
-    chat, config = encoder.chat, encoder.config
-    expansion = _expansion_counter(chat.processor)
-    shrink = config.policy.on_overlong == "shrink"
+    """Every sample of ``split`` as preencode would measure it, from facts (no tar read);
+    ``encoder``: a task encoder or a ``TokenAccounting``."""
+    accounting = accounting_of(encoder)
+    vision, expansion, fits = accounting.vision, accounting.expansion, accounting.fits_row
+    shrink = accounting.config.policy.on_overlong == "shrink"
     text_tokens, columns = tokens.columns["text_tokens"], facts.columns
     for index, row in enumerate(split_fact_rows(path, split, facts).tolist()):
         reason, images, videos = facts.sample_infos(row)
         reason = reason or tokens.skip_reason(row)
         geometry, count = None, 0
         if reason is None:
-            geometry = media_geometry(images, videos, chat.vision)
-            count = int(text_tokens[row]) + expansion(geometry)
-            if shrink and not encoder._fits_row(count, geometry):
-                limits = chat._shrink_limits(images, videos, geometry, count, encoder._fits_row)
+            text = int(text_tokens[row])
+            geometry = media_geometry(images, videos, vision)
+            count = text + expansion(geometry)
+            if shrink and not fits(count, geometry):
+                # As QwenChatEncoder._shrink_limits: only the placeholder expansions change with the limits.
+                limits = shrink_limits(images, videos, vision, fits=lambda candidate: fits(text + expansion(candidate), candidate))
                 if limits is not None:
-                    geometry = media_geometry(images, videos, limits.apply(chat.vision))
-                    count = int(text_tokens[row]) + expansion(geometry)
+                    geometry = media_geometry(images, videos, limits.apply(vision))
+                    count = text + expansion(geometry)
         yield FactSample(
             index=index, reason=reason, tokens=count, geometry=geometry, images=int(columns["images"][row]),
             videos=int(columns["videos"][row]), media_bytes=int(columns["media_bytes"][row]),
@@ -275,10 +265,13 @@ def iter_fact_samples(path: str | Path, encoder: Any, facts: Facts, tokens: Text
 
 def measure_from_facts(path: str | Path, encoder: Any, facts: Facts, tokens: TextTokens, *, split: str = "train") -> Measurement:
     """The ``Measurement`` of ``split`` from facts: the one preencoding every sample gives (same
-    tokens, vision patches, media, FLOPs and skip counts), without reading a tar."""
-    config = encoder.config
-    cost_model = encoder.cost_model if config.policy.balance_steps else None
-    samples = list(iter_fact_samples(path, encoder, facts, tokens, split=split))
+    tokens, vision patches, media, FLOPs and skip counts), without reading a tar; ``encoder``:
+    a task encoder or a ``TokenAccounting``."""
+    accounting = accounting_of(encoder)
+    config = accounting.config
+    cost_model = accounting.cost_model if config.policy.balance_steps else None
+    budget = accounting.budget
+    samples = list(iter_fact_samples(path, accounting, facts, tokens, split=split))
     measurement = Measurement.empty(len(samples))
     for sample in samples:
         reason = sample.reason
@@ -287,7 +280,7 @@ def measure_from_facts(path: str | Path, encoder: Any, facts: Facts, tokens: Tex
                 __key__=f"sample #{sample.index} of {split}", num_tokens=sample.tokens,
                 vision_patches=sample.geometry.vision_patches, num_media=sample.images + sample.videos,
             )
-            misfit = sample_misfit(probe, encoder.budget, config.row, config.policy)
+            misfit = sample_misfit(probe, budget, config.row, config.policy)
             reason = None if misfit is None else misfit.reason
         if reason is not None:
             measurement.skipped[reason] += 1
@@ -314,7 +307,7 @@ def measure_dataset(
     if not facts:
         why = "--measure"
     else:
-        found = fresh_facts(path, encoder.processor)
+        found = fresh_facts(path, processor_fingerprint(encoder.processor))
         if not isinstance(found, str):
             return measure_from_facts(path, encoder, *found, split=split), "measured from facts (.nv-meta/energon_pack.facts.npz, fresh)"
         why = found
@@ -480,8 +473,10 @@ def build_plan(
 
 
 def plan_split(measurement: Measurement, path: str | Path, split: str, encoder: Any, config: PackingConfig) -> PackPlan:
-    """Plan ``measurement`` of ``split`` at ``path``, fingerprinted with the dataset, ``encoder`` and ``config``."""
-    fingerprint = plan_fingerprint(dataset_fingerprint(path, split), encoder_fingerprint(encoder), config)
+    """Plan ``measurement`` of ``split`` at ``path``, fingerprinted with the dataset, ``encoder``
+    (a task encoder or a ``TokenAccounting``) and ``config``."""
+    identity = encoder.fingerprint if isinstance(encoder, TokenAccounting) else encoder_fingerprint(encoder)
+    fingerprint = plan_fingerprint(dataset_fingerprint(path, split), identity, config)
     return plan_measurement(measurement, config, fingerprint)
 
 
@@ -536,14 +531,26 @@ def config_from_cli(path: str | os.PathLike[str]) -> PackingConfig:
 
 def run_plan(args: Any) -> int:
     """``energon-pack plan DATASET --config packing.yaml [--processor PATH] --out PLAN``; under
-    torchrun (``WORLD_SIZE`` > 1) every rank measures its slice and rank 0 writes the plan."""
+    torchrun (``WORLD_SIZE`` > 1) every rank measures its slice and rank 0 writes the plan.
+
+    With fresh facts and a processor card filed for ``--processor`` (``qwen.card``), the plan is
+    built from them without loading the processor (nor torch or Energon); else the processor is
+    loaded, the split read from facts or measured, and the processor's card filed for next time.
+    """
     from energon_pack.core.dataset_path import check_dataset_path
-    from energon_pack.core.tables import format_table
-    from energon_pack.qwen.processor import load_processor
-    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 
     check_dataset_path(args.dataset, split=args.split)
     config = config_from_cli(args.config)
+    start = time.perf_counter()
+    if not args.measure and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        found = _measure_with_card(args, config)
+        if found is not None:
+            _write_plan(args, config, *found, start=start)
+            return 0
+    from energon_pack.qwen.card import file_processor_card
+    from energon_pack.qwen.processor import load_processor
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+
     processor = load_processor(args.processor) if args.processor else load_processor()
     encoder = QwenVLPackingTaskEncoder(config, processor)
     workers = config.num_workers if args.workers is None else args.workers
@@ -553,18 +560,51 @@ def run_plan(args: Any) -> int:
             measurement, source = measure_dataset(
                 args.dataset, encoder, split=args.split, num_workers=workers, facts=not args.measure
             )
+            if file_processor_card(args.processor, processor, rope=encoder.rope_spec) is not None:
+                source += "; processor loaded, its card filed for the next plan"
         else:
             measurement = measure_split_distributed(args.dataset, encoder, split=args.split, num_workers=workers)
             source = "measured by preencoding every sample (torchrun: each rank its slice)"
         if measurement is not None:
-            plan = plan_split(measurement, args.dataset, args.split, encoder, config)
-            plan.save(args.out)
-            seconds = time.perf_counter() - start
-            report = plan_report(plan, seq_length=config.seq_length, seconds=seconds, path=Path(args.out), per_worker=measurement.per_worker)
-            print(format_table(report))
-            print(source)
-            print(f"plan written to {args.out} (digest {plan.digest[:16]})")
+            _write_plan(args, config, measurement, encoder, source, start=start)
     return 0
+
+
+def _measure_with_card(args: Any, config: PackingConfig) -> tuple[Measurement, TokenAccounting, str] | None:
+    """The split's measurement from fresh facts with the processor card of ``args.processor``
+    (its accounting and the report line), or None when there is no card or no fresh facts for it."""
+    from energon_pack.qwen.card import ProcessorCard, processor_key
+
+    key = processor_key(args.processor)
+    card = None if key is None else ProcessorCard.load(key)
+    if card is None:
+        return None
+    found = fresh_facts(args.dataset, card.fingerprint)
+    if isinstance(found, str):
+        return None
+
+    def load() -> Any:
+        from energon_pack.qwen.processor import load_processor
+
+        return load_processor(args.processor) if args.processor else load_processor()
+
+    accounting = TokenAccounting.of_card(card, config, load)
+    measurement = measure_from_facts(args.dataset, accounting, *found, split=args.split)
+    how = "processor loaded for its video placeholders" if accounting.loaded else "processor not loaded"
+    return measurement, accounting, f"measured from facts (.nv-meta/energon_pack.facts.npz, fresh; processor card {key[:16]}, {how})"
+
+
+def _write_plan(args: Any, config: PackingConfig, measurement: Measurement, encoder: Any, source: str, *, start: float) -> None:
+    """Plan ``measurement``, write it to ``args.out`` and print the report, ``source`` and the digest."""
+    from energon_pack.core.tables import format_table
+
+    plan = plan_split(measurement, args.dataset, args.split, encoder, config)
+    plan.save(args.out)
+    seconds = time.perf_counter() - start
+    report = plan_report(plan, seq_length=config.seq_length, seconds=seconds, path=Path(args.out), per_worker=measurement.per_worker)
+    print(format_table(report))
+    print(source)
+    print(f"plan written to {args.out} (digest {plan.digest[:16]})")
 
 
 @contextlib.contextmanager

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from energon_pack.identity import processor_fingerprint
 from energon_pack.qwen.media import ImageInfo, VideoInfo
 
 __all__ = [
@@ -43,6 +42,7 @@ __all__ = [
     "Facts",
     "TextTokens",
     "fresh_facts",
+    "local_split",
     "shard_table",
     "tokens_name",
 ]
@@ -78,6 +78,43 @@ def shard_table(dataset: str | Path) -> list[list[Any]]:
         [name, int(info["shard_counts"][name]), (root / name).stat().st_size, zlib.crc32("\n".join(keys.get(i, [])).encode())]
         for i, name in enumerate(names)
     ]
+
+
+#: dataset.yaml of a dataset ``energon-pack prepare`` wrote (``local_split`` reads only such datasets).
+_PREPARED_DATASET_YAML = {"__module__": "energon_pack", "__class__": "QwenVLChatWebdataset"}
+
+
+def local_split(dataset: str | Path, split: str) -> dict[str, Any] | None:
+    """``identity.split_fingerprint`` of ``split`` of a local dataset written by ``energon-pack
+    prepare``, read from ``.nv-meta`` the way Energon reads it (``WebdatasetMeta.from_config``:
+    split.yaml's shard patterns brace-expanded in order, less its excludes; counts from
+    .info.json) without importing Energon; None for anything else (a remote or other dataset, a
+    dataset.yaml with more keys, a split file Energon would refuse): then ask Energon.
+
+    Example: ``local_split(ds, "train")`` -> ``{"split": "train", "shards": [["shards/train-000000.tar",
+    100, 1050624], ...], "excluded_samples": 0}``.
+    """
+    import braceexpand
+    import yaml
+
+    root = Path(str(dataset))
+    meta = root / ".nv-meta"
+    if "://" in str(dataset) or not (meta / "split.yaml").is_file():
+        return None
+    try:
+        config = yaml.safe_load((meta / "dataset.yaml").read_text())
+        parts = yaml.safe_load((meta / "split.yaml").read_text())
+        counts = json.loads((meta / ".info.json").read_text())["shard_counts"]
+        if not isinstance(config, dict) or {k: v for k, v in config.items() if k != "sample_type"} != _PREPARED_DATASET_YAML:
+            return None
+        excludes = {name for pattern in parts.get("exclude") or [] for name in braceexpand.braceexpand(pattern)}
+        names = [name for pattern in parts["split_parts"][split] for name in braceexpand.braceexpand(pattern)]
+        shards = [[name, int(counts[name]), (root / name).stat().st_size] for name in names if name not in excludes]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+    if not shards:
+        return None
+    return {"split": split, "shards": shards, "excluded_samples": sum("/" in name for name in excludes)}
 
 
 def _digest(meta: dict[str, Any], columns: dict[str, np.ndarray]) -> str:
@@ -177,9 +214,10 @@ class TextTokens:
         return None if code == 0 else self.meta["skip_reasons"][code - 1]
 
 
-def fresh_facts(dataset: str | Path, processor: Any) -> tuple[Facts, TextTokens] | str:
-    """The dataset's facts and ``processor``'s text tokens when both are present and fresh, else
-    why not (one phrase for the report).
+def fresh_facts(dataset: str | Path, fingerprint: dict[str, Any]) -> tuple[Facts, TextTokens] | str:
+    """The dataset's facts and the text tokens of the processor of ``fingerprint``
+    (``identity.processor_fingerprint``) when both are present and fresh, else why not (one
+    phrase for the report).
 
     Example: a dataset prepared without ``--processor`` -> ``"no text tokens for this processor
     (prepare --processor)"``.
@@ -194,7 +232,6 @@ def fresh_facts(dataset: str | Path, processor: Any) -> tuple[Facts, TextTokens]
         stale = facts.stale_shards(text)
         if stale:
             return f"facts stale for {len(stale)} shard(s), first {stale[0]} (name, size, count or keys changed)"
-        fingerprint = processor_fingerprint(processor)
         tokens = TextTokens.load(text, fingerprint)
     except (ValueError, OSError, KeyError) as err:
         return f"facts unreadable ({err})"

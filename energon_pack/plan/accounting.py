@@ -1,0 +1,117 @@
+"""``TokenAccounting``: what measuring a split from prepare's facts needs of an encoder.
+
+A sample's tokens from facts are its recorded text tokens plus its placeholders' expansion
+under the media geometry (``plan.facts``). That takes the vision spec, the expansion count, the
+row budgets and the cost model, and the plan's fingerprint takes the encoder's identity. A
+``TokenAccounting`` holds just these, either from a loaded task encoder (``of_encoder``) or from
+a processor card (``of_card``, ``qwen.card``), which needs neither torch nor the processor
+unless a video's expansion needs the tokenizer (then the processor is loaded once, lazily).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from energon_pack.config import PackingConfig
+from energon_pack.identity import encoder_fingerprint_of, processor_fingerprint
+from energon_pack.packing.algorithms import RowBudget
+from energon_pack.packing.budget import fits_one_row, row_budget
+from energon_pack.qwen.fit import MediaGeometry
+from energon_pack.qwen.geometry import VisionSpec
+from energon_pack.qwen.template import placeholder_token_count
+from energon_pack.rows.flops import CostModel, grid_rows
+
+__all__ = ["TokenAccounting", "expansion_counter"]
+
+
+def expansion_counter(processor: Any) -> Callable[[MediaGeometry], int]:
+    """``placeholder_token_count`` of a geometry, memoised per (grids, timings): one tokenizer
+    call per distinct medium shape."""
+
+    @lru_cache(maxsize=1 << 16)
+    def count(image_grids: tuple, video_grids: tuple, timings: tuple) -> int:
+        return placeholder_token_count(
+            processor,
+            image_grid_thw=np.array(image_grids, dtype=np.int64).reshape(-1, 3) if image_grids else None,
+            video_grid_thw=np.array(video_grids, dtype=np.int64).reshape(-1, 3) if video_grids else None,
+            videos=list(timings),
+        )
+
+    def expansion(geometry: MediaGeometry) -> int:
+        return count(tuple(grid_rows(geometry.image_grid_thw)), tuple(grid_rows(geometry.video_grid_thw)), tuple(geometry.timings))
+
+    return expansion
+
+
+@dataclass(kw_only=True, eq=False)
+class TokenAccounting:
+    """Token accounting of one encoder for samples measured from facts.
+
+    ``processor_fingerprint`` / ``vision`` / ``rope`` (``repr`` of the ``RopeSpec``): the
+    encoder's identity parts; ``count``: placeholder tokens of a geometry, or None where it
+    cannot tell (then ``load`` gives the processor, whose count is used from then on).
+    """
+
+    config: PackingConfig
+    processor_fingerprint: dict[str, Any]
+    vision: VisionSpec
+    rope: str
+    count: Callable[[MediaGeometry], int | None]
+    cost_model: CostModel | None = None
+    load: Callable[[], Any] | None = None
+    #: Whether ``load`` was called (the processor was needed after all).
+    loaded: bool = False
+    _processor_count: Callable[[MediaGeometry], int] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of_encoder(cls, encoder: Any) -> TokenAccounting:
+        """The accounting of a loaded ``QwenVLPackingTaskEncoder`` (its processor counts)."""
+        return cls(
+            config=encoder.config, processor_fingerprint=processor_fingerprint(encoder.processor), vision=encoder.vision,
+            rope=repr(encoder.rope_spec), count=expansion_counter(encoder.processor), cost_model=encoder.cost_model,
+        )
+
+    @classmethod
+    def of_card(cls, card: Any, config: PackingConfig, load: Callable[[], Any]) -> TokenAccounting:
+        """The accounting of the processor of ``card`` (a ``qwen.card.ProcessorCard``) under ``config``;
+        ``load`` builds that processor if an expansion needs it."""
+        policy = config.policy
+        cost_model = None if policy.cost_model is None else CostModel.of(policy.cost_model, frozen_vision=policy.frozen_vision)
+        return cls(
+            config=config, processor_fingerprint=card.fingerprint, vision=card.vision, rope=card.rope,
+            count=card.expansion, cost_model=cost_model, load=load,
+        )
+
+    @property
+    def budget(self) -> RowBudget:
+        """What one row may hold (``packing.budget.row_budget``)."""
+        return row_budget(self.config.row, self.config.policy)
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """``identity.encoder_fingerprint`` of the encoder accounted for."""
+        return encoder_fingerprint_of(self.processor_fingerprint, self.vision, self.rope)
+
+    def expansion(self, geometry: MediaGeometry) -> int:
+        """Tokens the placeholders of ``geometry`` expand to (``placeholder_token_count``)."""
+        found = self.count(geometry) if self._processor_count is None else None
+        if found is not None:
+            return found
+        if self._processor_count is None:
+            processor = self.load()
+            if processor_fingerprint(processor) != self.processor_fingerprint:
+                raise RuntimeError(
+                    f"the processor loaded has fingerprint {processor_fingerprint(processor)}, its card "
+                    f"{self.processor_fingerprint}; fix: delete the stale card in the processor_cards cache folder"
+                )
+            self._processor_count, self.loaded = expansion_counter(processor), True
+        return self._processor_count(geometry)
+
+    def fits_row(self, num_tokens: int, geometry: MediaGeometry) -> bool:
+        """Whether the sample fits one row (``packing.budget.fits_one_row``)."""
+        return fits_one_row(num_tokens, geometry.vision_patches, self.config.row, self.config.policy)

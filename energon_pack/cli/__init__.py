@@ -48,12 +48,17 @@ def _print_prepare_report(command: str, write: Callable[[], Any]) -> int:
 
 
 def _prepare_processor(path: str | None) -> object:
-    """The processor ``prepare --processor`` records text tokens for (None: facts only)."""
+    """The processor ``prepare --processor`` records text tokens for (None: facts only); its
+    card is filed too (``qwen.card``), so that ``plan`` reads the facts without loading it."""
     if path is None:
         return None
+    from energon_pack.qwen.card import file_processor_card
     from energon_pack.qwen.processor import load_processor
 
-    return load_processor(None if path == "default" else path)
+    source = None if path == "default" else path
+    processor = load_processor(source)
+    file_processor_card(source, processor)
+    return processor
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -283,3 +283,27 @@ def test_inspect_and_simulate_read_facts(facts_dataset, processor):
     assert [(s.tokens, s.vision_patches, s.images, s.videos) for s in samples] == [
         (s.tokens, s.geometry.vision_patches, s.images, s.videos) for s in reference
     ]
+
+
+def test_inspect_and_simulate_with_a_card_construct_no_processor(facts_dataset, processor, card_cache, monkeypatch):
+    import energon_pack.qwen.processor as processor_module
+    from energon_pack.cli.simulate import dataset_mix
+    from energon_pack.data.inspect_dataset import prepared_samples, summarize_with_source
+
+    def facts_of(samples):
+        return [(s.reason, s.tokens, s.geometry and s.geometry.vision_patches, s.images, s.videos, s.media_bytes) for s in samples]
+
+    reference = prepared_samples(facts_dataset, processor=processor, facts=False)[0]
+    summary, _ = summarize_with_source(facts_dataset, processor=processor, facts=False)
+    file_processor_card(None, processor)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the processor was constructed although its card is filed")
+
+    monkeypatch.setattr(processor_module, "load_processor", refuse)
+    samples, source = prepared_samples(facts_dataset)
+    assert source == f"measured from facts (.nv-meta/energon_pack.facts.npz, fresh; processor card {processor_key(None)[:16]}, processor not loaded)"
+    assert facts_of(samples) == facts_of(reference)
+    assert summarize_with_source(facts_dataset)[0] == summary
+    mix, source = dataset_mix(str(facts_dataset))
+    assert source.endswith("processor not loaded)") and len(mix) == sum(s.reason is None for s in reference)

@@ -11,21 +11,25 @@ import numpy as np
 
 from energon_pack.config import PackingConfig
 from energon_pack.core.dataset_path import check_dataset_path
-from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.core.tables import format_table
+
+#: Rows wide enough for any sample: inspect and simulate measure, they do not pack.
+_WIDE = PackingConfig(seq_length=1 << 20)
 
 
 def _wide_encoder(processor: Any) -> Any:
-    """A task encoder whose rows are wide enough for any sample (inspect and simulate measure, they do not pack)."""
+    """A task encoder of ``_WIDE`` rows."""
     from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 
-    return QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 20), processor)
+    return QwenVLPackingTaskEncoder(_WIDE, processor)
 
 
 def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None, limit: int | None = None) -> Iterator[Any]:
     """Yield ``(raw sample, prepared sample)`` for one pass over ``dataset`` (main process, no workers)."""
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
     from tqdm import tqdm
+
+    from energon_pack.runtime.pinning import pin_only_with_accelerator
 
     check_dataset_path(dataset, split=split)
     encoder = _wide_encoder(processor)
@@ -44,14 +48,22 @@ def prepared_samples(
     """Every sample of ``split`` as preencode measures it (``plan.build.FactSample``: skip
     reason, tokens, media geometry, image / video counts, media bytes), read from prepare's facts
     when ``facts`` and they are fresh for ``processor``, else by preencoding (main process); and
-    one line saying which. Example: -> ``([FactSample(...), ...], "measured from facts (...)")``.
+    one line saying which. For the default processor (``processor`` None) with a filed processor
+    card (``qwen.card``) the facts are read without loading the processor.
+    Example: -> ``([FactSample(...), ...], "measured from facts (...)")``.
     """
     from energon_pack.plan.build import FactSample, iter_fact_samples
     from energon_pack.identity import processor_fingerprint
     from energon_pack.plan.facts import fresh_facts
     from energon_pack.qwen.fit import MediaGeometry
 
+    from energon_pack.plan.accounting import card_facts
+
     check_dataset_path(dataset, split=split)
+    with_card = card_facts(dataset, None, _WIDE) if processor is None and facts else None
+    if with_card is not None:
+        samples = list(iter_fact_samples(dataset, with_card.accounting, with_card.facts, with_card.tokens, split=split))
+        return samples[:limit], with_card.line()
     encoder = _wide_encoder(processor)
     found = fresh_facts(dataset, processor_fingerprint(encoder.processor)) if facts else "--measure"
     if not isinstance(found, str):

@@ -21,12 +21,13 @@ from energon_pack.config import PackingConfig
 from energon_pack.identity import encoder_fingerprint_of, processor_fingerprint
 from energon_pack.packing.algorithms import RowBudget
 from energon_pack.packing.budget import fits_one_row, row_budget
+from energon_pack.plan.facts import Facts, TextTokens, fresh_facts
 from energon_pack.qwen.fit import MediaGeometry
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.template import placeholder_token_count
 from energon_pack.rows.flops import CostModel, grid_rows
 
-__all__ = ["TokenAccounting", "expansion_counter"]
+__all__ = ["CardFacts", "TokenAccounting", "card_facts", "expansion_counter"]
 
 
 def expansion_counter(processor: Any) -> Callable[[MediaGeometry], int]:
@@ -115,3 +116,41 @@ class TokenAccounting:
     def fits_row(self, num_tokens: int, geometry: MediaGeometry) -> bool:
         """Whether the sample fits one row (``packing.budget.fits_one_row``)."""
         return fits_one_row(num_tokens, geometry.vision_patches, self.config.row, self.config.policy)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class CardFacts:
+    """Fresh facts of a dataset with the accounting of a filed processor card (``card_facts``)."""
+
+    accounting: TokenAccounting
+    facts: Facts
+    tokens: TextTokens
+    key: str
+
+    def line(self) -> str:
+        """The one line saying how the samples were measured (call it after measuring: it says
+        whether the processor had to be loaded after all)."""
+        how = "processor loaded for its video placeholders" if self.accounting.loaded else "processor not loaded"
+        return f"measured from facts (.nv-meta/energon_pack.facts.npz, fresh; processor card {self.key[:16]}, {how})"
+
+
+def card_facts(dataset: Any, processor_path: Any, config: PackingConfig) -> CardFacts | None:
+    """The dataset's fresh facts with the card of the processor ``load_processor(processor_path)``
+    builds (``qwen.card``), accounted under ``config``; None when no card is filed for it or the
+    facts are not fresh for it (then load the processor: that path says why)."""
+    from energon_pack.qwen.card import ProcessorCard, processor_key
+
+    key = processor_key(processor_path)
+    card = None if key is None else ProcessorCard.load(key)
+    if card is None:
+        return None
+    found = fresh_facts(dataset, card.fingerprint)
+    if isinstance(found, str):
+        return None
+
+    def load() -> Any:
+        from energon_pack.qwen.processor import load_processor
+
+        return load_processor(processor_path)
+
+    return CardFacts(accounting=TokenAccounting.of_card(card, config, load), facts=found[0], tokens=found[1], key=key)

@@ -38,7 +38,7 @@ from energon_pack.identity import encoder_fingerprint, plan_fingerprint, process
 from energon_pack.packing.balance import balance_rows
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.global_plan import plan_rows_flat, rows_to_lists
-from energon_pack.plan.accounting import TokenAccounting
+from energon_pack.plan.accounting import TokenAccounting, card_facts
 from energon_pack.plan.facts import Facts, TextTokens, fresh_facts, local_split
 from energon_pack.plan.file import PackPlan
 from energon_pack.qwen.fit import media_geometry, shrink_limits
@@ -543,15 +543,16 @@ def run_plan(args: Any) -> int:
     config = config_from_cli(args.config)
     start = time.perf_counter()
     if not args.measure and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        found = _measure_with_card(args, config)
+        found = card_facts(args.dataset, args.processor, config)
         if found is not None:
-            _write_plan(args, config, *found, start=start)
+            measurement = measure_from_facts(args.dataset, found.accounting, found.facts, found.tokens, split=args.split)
+            _write_plan(args, config, measurement, found.accounting, found.line(), start=start)
             return 0
     from energon_pack.qwen.card import file_processor_card
     from energon_pack.qwen.processor import load_processor
     from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 
-    processor = load_processor(args.processor) if args.processor else load_processor()
+    processor = load_processor(args.processor)
     encoder = QwenVLPackingTaskEncoder(config, processor)
     workers = config.num_workers if args.workers is None else args.workers
     start = time.perf_counter()
@@ -568,30 +569,6 @@ def run_plan(args: Any) -> int:
         if measurement is not None:
             _write_plan(args, config, measurement, encoder, source, start=start)
     return 0
-
-
-def _measure_with_card(args: Any, config: PackingConfig) -> tuple[Measurement, TokenAccounting, str] | None:
-    """The split's measurement from fresh facts with the processor card of ``args.processor``
-    (its accounting and the report line), or None when there is no card or no fresh facts for it."""
-    from energon_pack.qwen.card import ProcessorCard, processor_key
-
-    key = processor_key(args.processor)
-    card = None if key is None else ProcessorCard.load(key)
-    if card is None:
-        return None
-    found = fresh_facts(args.dataset, card.fingerprint)
-    if isinstance(found, str):
-        return None
-
-    def load() -> Any:
-        from energon_pack.qwen.processor import load_processor
-
-        return load_processor(args.processor) if args.processor else load_processor()
-
-    accounting = TokenAccounting.of_card(card, config, load)
-    measurement = measure_from_facts(args.dataset, accounting, *found, split=args.split)
-    how = "processor loaded for its video placeholders" if accounting.loaded else "processor not loaded"
-    return measurement, accounting, f"measured from facts (.nv-meta/energon_pack.facts.npz, fresh; processor card {key[:16]}, {how})"
 
 
 def _write_plan(args: Any, config: PackingConfig, measurement: Measurement, encoder: Any, source: str, *, start: float) -> None:

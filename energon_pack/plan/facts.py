@@ -18,13 +18,16 @@ member carries the format version), described in docs/on_disk_format.md:
   chat's tokens less its media placeholders' expansion) and ``skip`` int16 (reasons this
   processor raises); ``meta.facts_digest`` ties it to the facts file.
 
+Both are read from local datasets and from remote ones (``msc://``, through Energon's ``EPath``).
 A sample's tokens from facts are ``text_tokens + placeholder_token_count(grids)``, the
 additivity ``on_overlong="shrink"`` relies on too (``QwenChatEncoder._shrink_limits``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import zlib
 from dataclasses import dataclass
@@ -60,22 +63,47 @@ def tokens_name(fingerprint: dict[str, Any]) -> str:
     return f"energon_pack.tokens-{hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]}.npz"
 
 
+def _meta_file(dataset: str | Path, name: str) -> Any:
+    """``dataset/.nv-meta/name``: a ``Path`` for a local dataset, Energon's ``EPath`` for a remote
+    one (``msc://profile/prefix``); both have ``is_file`` and ``read_bytes``."""
+    if "://" in str(dataset):
+        from megatron.energon.epathlib import EPath
+
+        return EPath(str(dataset)) / ".nv-meta" / name
+    return Path(dataset) / ".nv-meta" / name
+
+
+def _shard_size(dataset: str | Path, name: str) -> int:
+    if "://" in str(dataset):
+        from megatron.energon.epathlib import EPath
+
+        return (EPath(str(dataset)) / name).size()
+    return (Path(dataset) / name).stat().st_size
+
+
 def shard_table(dataset: str | Path) -> list[list[Any]]:
-    """``[[name, samples, bytes, keys_crc32], ...]`` of every shard of a local prepared dataset,
-    in its index order (``tar_file_id``); ``keys_crc32`` is the CRC-32 of the shard's sample keys
-    joined by newlines. Example: ``[["shards/train-000000.tar", 16, 1050624, 3735928559]]``.
+    """``[[name, samples, bytes, keys_crc32], ...]`` of every shard of a prepared dataset (local,
+    or remote: ``msc://...``, its index copied to a temporary file), in its index order
+    (``tar_file_id``); ``keys_crc32`` is the CRC-32 of the shard's sample keys joined by newlines.
+    Example: ``[["shards/train-000000.tar", 16, 1050624, 3735928559]]``.
     """
     import sqlite3
+    import tempfile
 
-    root = Path(dataset)
-    info = json.loads((root / ".nv-meta" / ".info.json").read_text())
+    info = json.loads(_meta_file(dataset, ".info.json").read_bytes())
     names = list(info["shard_counts"])
     keys: dict[int, list[str]] = {}
-    with sqlite3.connect(f"file:{root / '.nv-meta' / 'index.sqlite'}?mode=ro&immutable=1", uri=True) as db:
-        for shard, key in db.execute("SELECT tar_file_id, sample_key FROM samples ORDER BY tar_file_id, sample_index"):
-            keys.setdefault(shard, []).append(key)
+    with tempfile.TemporaryDirectory() as folder:
+        index = _meta_file(dataset, "index.sqlite")
+        if "://" in str(dataset):
+            copy = Path(folder) / "index.sqlite"
+            copy.write_bytes(index.read_bytes())
+            index = copy
+        with contextlib.closing(sqlite3.connect(f"file:{index}?mode=ro&immutable=1", uri=True)) as db:
+            for shard, key in db.execute("SELECT tar_file_id, sample_key FROM samples ORDER BY tar_file_id, sample_index"):
+                keys.setdefault(shard, []).append(key)
     return [
-        [name, int(info["shard_counts"][name]), (root / name).stat().st_size, zlib.crc32("\n".join(keys.get(i, [])).encode())]
+        [name, int(info["shard_counts"][name]), _shard_size(dataset, name), zlib.crc32("\n".join(keys.get(i, [])).encode())]
         for i, name in enumerate(names)
     ]
 
@@ -132,10 +160,10 @@ def _save(path: Path, meta: dict[str, Any], columns: dict[str, np.ndarray]) -> N
         np.savez(out, meta=np.frombuffer(text, dtype=np.uint8), **columns)
 
 
-def _load(path: Path, expected: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Meta and columns of a facts or tokens file; ValueError naming the file when the format
-    or the digest does not match."""
-    with np.load(path, allow_pickle=False) as archive:
+def _load(path: Any, expected: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Meta and columns of a facts or tokens file (``_meta_file``); ValueError naming the file
+    when the format or the digest does not match."""
+    with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as archive:
         meta = json.loads(archive["meta"].tobytes())
         columns = {name: archive[name] for name in archive.files if name != "meta"}
     if meta.get("format") != expected:
@@ -164,7 +192,7 @@ class Facts:
 
     @classmethod
     def load(cls, folder: str | Path) -> Facts:
-        meta, columns = _load(Path(folder) / ".nv-meta" / FACTS_NAME, FACTS_FORMAT)
+        meta, columns = _load(_meta_file(folder, FACTS_NAME), FACTS_FORMAT)
         return cls(meta=meta, columns=columns)
 
     def stale_shards(self, dataset: str | Path) -> list[str]:
@@ -203,7 +231,7 @@ class TextTokens:
     @classmethod
     def load(cls, folder: str | Path, fingerprint: dict[str, Any]) -> TextTokens | None:
         """The file of processor ``fingerprint``, None when there is none."""
-        path = Path(folder) / ".nv-meta" / tokens_name(fingerprint)
+        path = _meta_file(folder, tokens_name(fingerprint))
         if not path.is_file():
             return None
         meta, columns = _load(path, TOKENS_FORMAT)
@@ -223,9 +251,7 @@ def fresh_facts(dataset: str | Path, fingerprint: dict[str, Any]) -> tuple[Facts
     (prepare --processor)"``.
     """
     text = str(dataset)
-    if "://" in text:
-        return "remote dataset (facts are read from local datasets only)"
-    if not (Path(text) / ".nv-meta" / FACTS_NAME).is_file():
+    if not _meta_file(text, FACTS_NAME).is_file():
         return "no facts file (dataset not prepared by energon-pack prepare)"
     try:
         facts = Facts.load(text)

@@ -276,8 +276,21 @@ def get_packing_loader(
         stats_dir=stats_dir,
         packing_stage=config.mode == "online",
         timeout=config.loader.timeout,
-        # Energon's own freeze (gc.collect + gc.freeze of this whole heap at every epoch start) only
-        # pays off for forked workers: in-process loading skips it.
-        **{"prefetch_factor": config.loader.prefetch_factor, "gc_freeze_at_start": config.loader.num_workers > 0,
-           **loader_kwargs},
+        **{"prefetch_factor": config.loader.prefetch_factor, **_gc_settings(config.loader.num_workers), **loader_kwargs},
     )
+
+
+#: Energon's ``gc_collect_every_n_steps`` for in-process loading: never (its GcDataset wrapper stays,
+#: so a loader's saved state keeps the same nesting).
+IN_PROCESS_GC_EVERY = 2**62
+
+
+def _gc_settings(num_workers: int) -> dict[str, Any]:
+    """Energon's garbage-collection settings: its defaults with workers (a heap freeze at each epoch
+    start, a full ``gc.collect`` every 10 rows); in-process neither, as both would scan the whole
+    trainer heap (0.1-0.3 s a time; Python's own generational collector still runs). A caller's
+    ``gc_freeze_at_start`` / ``gc_collect_every_n_steps`` win.
+    Example: ``_gc_settings(0)`` -> ``{"gc_freeze_at_start": False, "gc_collect_every_n_steps": 2**62}``."""
+    if num_workers > 0:
+        return {"gc_freeze_at_start": True}
+    return {"gc_freeze_at_start": False, "gc_collect_every_n_steps": IN_PROCESS_GC_EVERY}

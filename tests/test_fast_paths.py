@@ -1,5 +1,5 @@
 """The issue-24 fast paths give the same bytes as the paths they replace: patches written straight
-into the payload (``qwen.pixels.ImagePatcher``, ``patchify_into``) and tokenisation between
+into the payload (``qwen.pixels.ImagePatcher``, ``VideoPatcher``, ``patchify_into``) and tokenisation between
 placeholders (``qwen.template.SplitTokenizer``)."""
 
 from __future__ import annotations
@@ -15,20 +15,14 @@ from hypothesis import strategies as st
 from energon_pack.qwen.fit import media_geometry
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.media import ImageInfo
-from energon_pack.qwen.pixels import ImagePatcher, _wide_dtype, image_pixels, patchify_into
+from energon_pack.qwen.pixels import ImagePatcher, VideoPatcher, image_pixels, patchify_into, video_pixels
 from energon_pack.qwen.processor import load_processor
-from energon_pack.qwen.template import ChatMarkers, SplitTokenizer, tokenize_conversation
+from energon_pack.qwen.template import ChatMarkers, SplitTokenizer, VideoTiming, tokenize_conversation
 
 
 @pytest.fixture(scope="module")
 def processor():
     return load_processor()
-
-
-def test_wide_dtype_examples():
-    assert _wide_dtype(14) is torch.int16
-    assert _wide_dtype(16) is torch.int64
-    assert _wide_dtype(7) is torch.uint8
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -44,9 +38,25 @@ def test_patchify_into_equals_hf_patchify(processor, gh, gw, patch, t, seed):
         assert torch.equal(out, expected[0])
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(groups=st.integers(1, 3), gh=st.integers(1, 4), gw=st.integers(1, 4), patch=st.sampled_from([14, 16]),
+       t=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_patchify_into_equals_hf_patchify_of_a_clip(processor, groups, gh, gw, patch, t, seed):
+    shape = (groups * t, 3, 2 * gh * patch, 2 * gw * patch)
+    clip = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+    expected, *_ = processor.video_processor.patchify(clip[None], patch_size=patch, merge_size=2, temporal_patch_size=t)
+    for source in (clip, clip.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)):  # contiguous and channels-last
+        out = torch.empty_like(expected[0])
+        patchify_into(source, out, patch_size=patch, merge_size=2, temporal_patch_size=t)
+        assert torch.equal(out, expected[0])
+
+
 def test_patchify_into_refuses_a_wrong_slot():
     with pytest.raises(ValueError, match="expected contiguous"):
         patchify_into(torch.zeros(3, 28, 28, dtype=torch.uint8), torch.empty(5, 1176, dtype=torch.uint8),
+                      patch_size=14, merge_size=2, temporal_patch_size=2)
+    with pytest.raises(ValueError, match="3 frames cannot be patchified 2 frames at a time"):
+        patchify_into(torch.zeros(3, 3, 28, 28, dtype=torch.uint8), torch.empty(4, 1176, dtype=torch.uint8),
                       patch_size=14, merge_size=2, temporal_patch_size=2)
 
 
@@ -107,6 +117,49 @@ def test_image_patcher_refuses_other_processors(processor):
         image_processor = OtherImageProcessor()
 
     assert ImagePatcher.for_processor(Other()) is None
+
+
+def _clip_timing(frames):
+    return VideoTiming(total_frames=frames, fps=10.0, frame_indices=tuple(range(frames)))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.integers(1, 8), height=st.integers(16, 700), width=st.integers(16, 700), seed=st.integers(0, 2**16))
+def test_video_patcher_equals_the_processor(processor, frames, height, width, seed):
+    patcher = VideoPatcher.for_processor(processor)
+    assert patcher is not None
+    clip = np.random.default_rng(seed).integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
+    expected = processor.video_processor(
+        videos=[clip], video_metadata=[_clip_timing(frames).metadata()], do_sample_frames=False,
+        return_tensors="pt", do_rescale=False, do_normalize=False,
+    )
+    out = torch.empty_like(expected["pixel_values_videos"])
+    assert list(patcher(clip, out)) == expected["video_grid_thw"][0].tolist()
+    assert torch.equal(out, expected["pixel_values_videos"])
+
+
+def test_video_pixels_with_the_patcher_equals_the_processor_path(processor):
+    from energon_pack.data.synthetic import encode_video
+    from energon_pack.qwen.media import probe_video
+
+    datas = [encode_video(np.random.default_rng(seed).integers(0, 256, (frames, 64, 96, 3), dtype=np.uint8), fps=10)
+             for seed, frames in ((0, 12), (1, 20))]
+    spec = VisionSpec.from_processor(processor)
+    geometry = media_geometry([], [probe_video(data) for data in datas], spec)
+    rows = int(geometry.video_grid_thw.prod(axis=1).sum())
+    outs = [torch.empty((rows, 1176), dtype=torch.uint8) for _ in range(2)]
+    video_pixels(processor, datas, geometry.timings, geometry.video_grid_thw, uint8=True, out=outs[0])
+    video_pixels(processor, datas, geometry.timings, geometry.video_grid_thw, uint8=True, out=outs[1],
+                 patcher=VideoPatcher.for_processor(processor))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_video_patcher_probes_once_and_refuses_other_processors(processor, processor_qwen3, monkeypatch):
+    assert VideoPatcher.for_processor(processor) is not None
+    assert VideoPatcher.for_processor(processor_qwen3) is None  # Qwen3-VL: its own video processor class
+    monkeypatch.setattr(VideoPatcher, "_probe", classmethod(lambda cls, processor: pytest.fail("probed again")))
+    assert VideoPatcher.for_processor(processor) is not None
+    assert "VideoPatcher" not in processor.video_processor.to_json_string()
 
 
 _TEXT = st.lists(st.sampled_from(list("ab \n\t.,!é中") + ["<|im_end|>", "<|vision_start|>", "  ", "\n\n", "hello"]),

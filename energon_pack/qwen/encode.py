@@ -21,7 +21,7 @@ import torch
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_image, probe_video
-from energon_pack.qwen.pixels import ImagePatcher, PixelSlots, image_pixels, video_pixels
+from energon_pack.qwen.pixels import ImagePatcher, PixelSlots, VideoPatcher, image_pixels, video_pixels
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
 from energon_pack.qwen.template import (
     ChatMarkers,
@@ -102,6 +102,8 @@ class QwenChatEncoder:
         self.uint8_pixels = uint8_pixels
         #: Image patches straight into the row payload (uint8 only; None: the image processor's own path).
         self._patcher = ImagePatcher.for_processor(processor) if uint8_pixels else None
+        #: Video patches straight into the row payload (uint8 only; None: the video processor's own path).
+        self._video_patcher = VideoPatcher.for_processor(processor) if uint8_pixels else None
         #: Decode big JPEGs at reduced scale straight to their target size (``RowLayout.fast_jpeg_decode``).
         self.fast_jpeg = fast_jpeg
         self.apply_exif_orientation = apply_exif_orientation
@@ -226,6 +228,7 @@ class QwenChatEncoder:
                 prepared.video_grid_thw.numpy(),
                 uint8=self.uint8_pixels,
                 out=slots.videos,
+                patcher=self._video_patcher,
             )
         seconds = (
             None

@@ -205,3 +205,19 @@ def test_split_tokenizer_checks_placeholders_and_pickles(processor):
     with pytest.raises(BadSampleError, match="1 image placeholder"):
         split([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}])
     assert pickle.loads(pickle.dumps(split)).pad_ids == split.pad_ids
+
+
+def test_split_tokenizer_goes_through_the_wrapper_when_the_backend_truncates(processor):
+    """The Rust backend is called directly only in the state the wrapper's call would leave it in."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a longer question than five tokens"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "and an answer"}]}]
+    expected = tokenize_conversation(processor, messages)
+    backend = processor.tokenizer.backend_tokenizer
+    backend.enable_truncation(max_length=5)
+    try:
+        got = SplitTokenizer(processor)(messages)
+    finally:
+        backend.no_truncation()
+    assert len(expected.input_ids) > 5
+    assert np.array_equal(got.input_ids, expected.input_ids)
+    assert np.array_equal(got.labels, expected.labels)

@@ -15,6 +15,7 @@ main process copies nothing), instead of one tensor per sample concatenated afte
 
 from __future__ import annotations
 
+import abc
 import io
 import weakref
 from collections.abc import Callable, Sequence
@@ -254,40 +255,96 @@ def patchify_into(
 #: Probe verdicts by image / video processor: (its settings, whether the patcher equals it); entries go with it.
 _PROBED: weakref.WeakKeyDictionary[Any, tuple[str, bool]] = weakref.WeakKeyDictionary()
 
-
-def _probed(part: Any, settings: tuple[Any, ...], probe: Callable[[], bool]) -> bool:
-    """``probe()`` once per processor ``part`` (image or video processor) and ``settings``; cached
-    beside it, not on it (its ``to_json_string`` stays as it was)."""
-    verdict = _PROBED.get(part)
-    if verdict is None or verdict[0] != repr(settings):
-        verdict = (repr(settings), probe())
-        _PROBED[part] = verdict
-    return verdict[1]
-
-
 #: Image processor classes whose resize + patchify :class:`ImagePatcher` reproduces (its probe decides).
 PATCHER_PROCESSORS = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast")
 #: Video processor classes whose resize + patchify :class:`VideoPatcher` reproduces (its probe decides).
 VIDEO_PATCHER_PROCESSORS = ("Qwen2VLVideoProcessor",)
 
 
-class ImagePatcher:
-    """uint8 image patches written straight into a row payload slot, byte-identical to one Qwen2/2.5-VL
-    image processor (``do_rescale=False, do_normalize=False``).
+class _Patcher(abc.ABC):
+    """uint8 patches written straight into a row payload slot, byte-identical to one of the
+    processor's own image / video processors (``do_rescale=False, do_normalize=False``): the resize
+    reads the channels-last view (torch's uint8 kernel gives the same bytes as on the contiguous
+    copy the processor makes) and :func:`patchify_into` copies once, into the slot, where the
+    processor patchifies into a fresh tensor that ``_fill`` then copies. Build one with
+    :meth:`for_processor`, which checks it against the processor on probe inputs."""
 
-    The processor converts to RGB, copies the HWC array to a contiguous CHW tensor, resizes
-    (bicubic, antialiased), patchifies into a fresh tensor, which ``_fill`` then copies into the
-    payload. Here the resize reads the channels-last view (torch's uint8 kernel gives the same
-    bytes) and :func:`patchify_into` copies once, into the slot. Build it with
-    :meth:`for_processor`, which checks it against the processor on probe images.
+    #: ``"image"`` or ``"video"``: which processor part, and its output keys.
+    kind = ""
+    #: Processor classes of that part this patcher may reproduce (its probe decides).
+    classes: tuple[str, ...] = ()
+    #: Further attributes of the part its output depends on (with size, resample, patch, merge, T).
+    settings_of: tuple[str, ...] = ()
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = getattr(processor, f"{self.kind}_processor")
+        self.patch_size = int(self.processor.patch_size)
+        self.merge_size = int(self.processor.merge_size)
+        self.temporal_patch_size = int(self.processor.temporal_patch_size)
+
+    @classmethod
+    def for_processor(cls, processor: Any) -> Any:
+        """A patcher when it reproduces the processor's part byte for byte on the probe inputs,
+        else None (use the part itself). Probed once per part and settings (cached beside the part,
+        not on it: its ``to_json_string`` stays as it was)."""
+        part = getattr(processor, f"{cls.kind}_processor")
+        settings = repr((
+            type(part).__name__, dict(part.size), part.resample, part.patch_size, part.merge_size,
+            part.temporal_patch_size, *(getattr(part, name, None) for name in cls.settings_of),
+        ))
+        verdict = _PROBED.get(part)
+        if verdict is None or verdict[0] != settings:
+            verdict = (settings, cls._probe(processor))
+            _PROBED[part] = verdict
+        return cls(processor) if verdict[1] else None
+
+    @classmethod
+    def _probe(cls, processor: Any) -> bool:
+        """Whether a patcher gives the part's bytes and grids on every probe input."""
+        part = getattr(processor, f"{cls.kind}_processor")
+        if type(part).__name__ not in cls.classes:
+            return False
+        if not getattr(part, "do_resize", True) or getattr(part, "do_pad", False):
+            return False
+        pixel_key, grid_key = ("pixel_values", "image_grid_thw") if cls.kind == "image" else (
+            "pixel_values_videos", "video_grid_thw")
+        try:
+            patcher = cls(processor)
+            for media, inputs in cls._probe_inputs():
+                expected = part(**inputs, return_tensors="pt", **_payload_kwargs(True))
+                out = torch.empty_like(expected[pixel_key])
+                grid = patcher(media, out)
+                if list(grid) != expected[grid_key][0].tolist() or not torch.equal(out, expected[pixel_key]):
+                    return False
+        except Exception:  # any disagreement in the probe: the processor path stays
+            return False
+        return True
+
+    @staticmethod
+    @abc.abstractmethod
+    def _probe_inputs() -> list[tuple[Any, dict[str, Any]]]:
+        """(medium for the patcher, keyword arguments for the part) of each probe input."""
+
+    def _resize_and_patchify(self, pixels: torch.Tensor, size: tuple[int, int], out: torch.Tensor) -> None:
+        """Resize uint8 ``pixels`` ([C, H, W] or [N, C, H, W], any strides) to ``size`` (h, w) with the
+        part's own base resize (torchvision bicubic, antialiased), then patchify into ``out``."""
+        from transformers.image_utils import SizeDict
+
+        resize = super(type(self.processor), self.processor).resize  # the base resize: ``size`` is the exact target
+        resized = resize(image=pixels, size=SizeDict(height=size[0], width=size[1]), resample=self.processor.resample)
+        patchify_into(
+            resized, out, patch_size=self.patch_size, merge_size=self.merge_size,
+            temporal_patch_size=self.temporal_patch_size,
+        )
+
+
+class ImagePatcher(_Patcher):
+    """:class:`_Patcher` of a Qwen2/2.5-VL image processor. The processor converts to RGB, copies the
+    HWC array to a contiguous CHW tensor, resizes (bicubic, antialiased) and patchifies.
     Example: ``ImagePatcher.for_processor(processor)(image, out)`` -> (1, 20, 30), ``out`` [600, 1176] filled.
     """
 
-    def __init__(self, image_processor: Any) -> None:
-        self.processor = image_processor
-        self.patch_size = int(image_processor.patch_size)
-        self.merge_size = int(image_processor.merge_size)
-        self.temporal_patch_size = int(image_processor.temporal_patch_size)
+    kind, classes, settings_of = "image", PATCHER_PROCESSORS, ("do_resize", "do_pad")
 
     def __call__(self, image: Any, out: torch.Tensor, max_pixels: int | None = None) -> tuple[int, int, int]:
         """Write the patches of PIL ``image`` into ``out`` and return its grid (1, H/p, W/p);
@@ -305,62 +362,30 @@ class ImagePatcher:
         grid = (1, height // self.patch_size, width // self.patch_size)
         _check_slot("image", grid, out)
         rgb = torch.from_numpy(convert_to_rgb(image, return_numpy=True)).permute(2, 0, 1)
-        _resize_and_patchify(self, rgb, (height, width), out)
+        self._resize_and_patchify(rgb, (height, width), out)
         return grid
 
-    @classmethod
-    def for_processor(cls, processor: Any) -> ImagePatcher | None:
-        """A patcher when it reproduces ``processor.image_processor`` byte for byte on the probe
-        images, else None (use the image processor itself). Probed once per image processor and settings."""
-        image_processor = processor.image_processor
-        settings = (
-            type(image_processor).__name__, dict(image_processor.size), image_processor.resample,
-            image_processor.patch_size, image_processor.merge_size, image_processor.temporal_patch_size,
-            getattr(image_processor, "do_resize", True), getattr(image_processor, "do_pad", False),
-        )
-        return cls(image_processor) if _probed(image_processor, settings, lambda: cls._probe(image_processor)) else None
-
-    @classmethod
-    def _probe(cls, image_processor: Any) -> bool:
-        """Whether a patcher gives the image processor's bytes and grids on every probe image."""
-        if type(image_processor).__name__ not in PATCHER_PROCESSORS:
-            return False
-        if not getattr(image_processor, "do_resize", True) or getattr(image_processor, "do_pad", False):
-            return False
-        patcher = cls(image_processor)
-        try:
-            for image in _probe_images():
-                expected = image_processor(images=[image], return_tensors="pt", **_payload_kwargs(True))
-                out = torch.empty_like(expected["pixel_values"])
-                grid = patcher(image, out)
-                if list(grid) != expected["image_grid_thw"][0].tolist() or not torch.equal(out, expected["pixel_values"]):
-                    return False
-        except Exception:  # any disagreement in the probe: the processor path stays
-            return False
-        return True
+    @staticmethod
+    def _probe_inputs() -> list[tuple[Any, dict[str, Any]]]:
+        return [(image, {"images": [image]}) for image in _probe_images()]
 
 
-class VideoPatcher:
-    """uint8 clip patches written straight into a row payload slot, byte-identical to a Qwen2/2.5-VL
-    video processor (``do_rescale=False, do_normalize=False``, frames already sampled).
-
-    The processor copies the [N, H, W, 3] frames to a contiguous [N, 3, H, W] tensor, resizes, pads
-    the clip to a multiple of T with its last frame, patchifies into a fresh tensor, which ``_fill``
-    copies into the payload. Here the resize reads the channels-last view and :func:`patchify_into`
-    copies once, into the slot. The frame size is the package's ``resized_video_size`` (the
-    processor's rule, per-frame cap included). Build it with :meth:`for_processor`, which checks it
-    against the video processor on probe clips.
+class VideoPatcher(_Patcher):
+    """:class:`_Patcher` of a Qwen2/2.5-VL video processor, frames already sampled. The processor
+    copies the [N, H, W, 3] frames to a contiguous [N, 3, H, W] tensor, resizes, pads the clip to a
+    multiple of T with its last frame and patchifies. The frame size is the package's
+    ``resized_video_size`` (the processor's rule, per-frame cap included).
     Example: ``VideoPatcher.for_processor(processor)(frames [8, 144, 192, 3], out)`` -> (4, 20, 28).
     """
+
+    kind, classes = "video", VIDEO_PATCHER_PROCESSORS
+    settings_of = ("do_resize", "cap_pixels_per_frame", "max_video_tokens", "do_convert_rgb")
 
     def __init__(self, processor: Any) -> None:
         from energon_pack.qwen.geometry import VisionSpec
 
-        self.processor = processor.video_processor
+        super().__init__(processor)
         self.spec = VisionSpec.from_processor(processor)
-        self.patch_size = int(self.processor.patch_size)
-        self.merge_size = int(self.processor.merge_size)
-        self.temporal_patch_size = int(self.processor.temporal_patch_size)
 
     def __call__(self, frames: np.ndarray, out: torch.Tensor) -> tuple[int, int, int]:
         """Write the patches of RGB uint8 ``frames`` [N, H, W, 3] into ``out``; returns the grid (t, H'/p, W'/p)."""
@@ -373,49 +398,21 @@ class VideoPatcher:
         _check_slot("video", grid, out)
         if pad := -n % t:  # HF repeats the last frame (sampling gives multiples of T: not seen in practice)
             frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
-        _resize_and_patchify(self, torch.from_numpy(frames).permute(0, 3, 1, 2), size, out)
+        self._resize_and_patchify(torch.from_numpy(frames).permute(0, 3, 1, 2), size, out)
         return grid
 
-    @classmethod
-    def for_processor(cls, processor: Any) -> VideoPatcher | None:
-        """A patcher when it reproduces ``processor.video_processor`` byte for byte on the probe
-        clips, else None (use the video processor itself). Probed once per video processor and settings."""
-        video_processor = processor.video_processor
-        settings = (
-            type(video_processor).__name__, dict(video_processor.size), video_processor.resample,
-            video_processor.patch_size, video_processor.merge_size, video_processor.temporal_patch_size,
-            getattr(video_processor, "do_resize", True), getattr(video_processor, "cap_pixels_per_frame", None),
-            getattr(video_processor, "max_video_tokens", None), getattr(video_processor, "do_convert_rgb", True),
-        )
-        return cls(processor) if _probed(video_processor, settings, lambda: cls._probe(processor)) else None
-
-    @classmethod
-    def _probe(cls, processor: Any) -> bool:
-        """Whether a patcher gives the video processor's bytes and grids on every probe clip."""
+    @staticmethod
+    def _probe_inputs() -> list[tuple[Any, dict[str, Any]]]:
+        """Four random clips: 4, 6, 2 and 8 frames that resize up, down and to a strip."""
         from energon_pack.qwen.template import VideoTiming
 
-        video_processor = processor.video_processor
-        if type(video_processor).__name__ not in VIDEO_PATCHER_PROCESSORS:
-            return False
-        if not getattr(video_processor, "do_resize", True):
-            return False
-        try:
-            patcher = cls(processor)
-            rng = np.random.default_rng(0)
-            for frames, (height, width) in ((4, (64, 96)), (6, (480, 360)), (2, (33, 700)), (8, (900, 1200))):
-                clip = rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
-                timing = VideoTiming(total_frames=frames, fps=10.0, frame_indices=tuple(range(frames)))
-                expected = video_processor(
-                    videos=[clip], video_metadata=[timing.metadata()], do_sample_frames=False, return_tensors="pt",
-                    **_payload_kwargs(True),
-                )
-                out = torch.empty_like(expected["pixel_values_videos"])
-                grid = patcher(clip, out)
-                if list(grid) != expected["video_grid_thw"][0].tolist() or not torch.equal(out, expected["pixel_values_videos"]):
-                    return False
-        except Exception:  # any disagreement in the probe: the processor path stays
-            return False
-        return True
+        rng = np.random.default_rng(0)
+        inputs = []
+        for frames, (height, width) in ((4, (64, 96)), (6, (480, 360)), (2, (33, 700)), (8, (900, 1200))):
+            clip = rng.integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
+            timing = VideoTiming(total_frames=frames, fps=10.0, frame_indices=tuple(range(frames)))
+            inputs.append((clip, {"videos": [clip], "video_metadata": [timing.metadata()], "do_sample_frames": False}))
+        return inputs
 
 
 def _check_slot(kind: str, grid: tuple[int, int, int], out: torch.Tensor) -> None:
@@ -425,22 +422,6 @@ def _check_slot(kind: str, grid: tuple[int, int, int], out: torch.Tensor) -> Non
             "media_mismatch",
             f"decoded {kind} grid {list(grid)} has {grid[0] * grid[1] * grid[2]} patches but its slot holds {out.shape[0]}",
         )
-
-
-def _resize_and_patchify(
-    patcher: ImagePatcher | VideoPatcher, pixels: torch.Tensor, size: tuple[int, int], out: torch.Tensor
-) -> None:
-    """Resize uint8 ``pixels`` ([C, H, W] or [N, C, H, W], any strides) to ``size`` (h, w) with the
-    patcher's processor's own resize (torchvision bicubic, antialiased), then patchify into ``out``."""
-    from transformers.image_utils import SizeDict
-
-    processor = patcher.processor
-    resize = super(type(processor), processor).resize  # the base resize: ``size`` is the exact target
-    resized = resize(image=pixels, size=SizeDict(height=size[0], width=size[1]), resample=processor.resample)
-    patchify_into(
-        resized, out, patch_size=patcher.patch_size, merge_size=patcher.merge_size,
-        temporal_patch_size=patcher.temporal_patch_size,
-    )
 
 
 def _probe_images() -> list[Any]:

@@ -80,3 +80,15 @@ def test_the_statistics_folder_goes_with_the_loader(synthetic_dataset, processor
         assert loader.stats()["rows"] == rows
     assert not folder.exists(), "a closed loader must remove its statistics folder"
     assert loader.stats()["rows"] == rows, "statistics stay readable after close()"
+
+
+def test_in_process_loading_runs_no_periodic_full_collection(synthetic_dataset, processor, monkeypatch):
+    """Without workers Energon's gc.collect every 10 rows would scan the trainer's whole heap: off,
+    unless the caller asks for it."""
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *args: calls.append(args) or 0)
+    config = PackingConfig(seq_length=1024, num_workers=0, repeat=False)
+    rows = sum(1 for _ in get_packing_loader(synthetic_dataset.out_dir, config, processor))
+    assert rows >= 10 and calls == []
+    asked = get_packing_loader(synthetic_dataset.out_dir, config, processor, gc_collect_every_n_steps=2)
+    assert sum(1 for _ in asked) == rows and len(calls) >= rows // 2

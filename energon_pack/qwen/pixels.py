@@ -283,7 +283,7 @@ class _Patcher(abc.ABC):
         self.temporal_patch_size = int(self.processor.temporal_patch_size)
 
     @classmethod
-    def for_processor(cls, processor: Any) -> Any:
+    def for_processor(cls, processor: Any) -> _Patcher | None:
         """A patcher when it reproduces the processor's part byte for byte on the probe inputs,
         else None (use the part itself). Probed once per part and settings (cached beside the part,
         not on it: its ``to_json_string`` stays as it was)."""
@@ -367,6 +367,7 @@ class ImagePatcher(_Patcher):
 
     @staticmethod
     def _probe_inputs() -> list[tuple[Any, dict[str, Any]]]:
+        """The :func:`_probe_images`, each as the patcher's image and the processor's ``images``."""
         return [(image, {"images": [image]}) for image in _probe_images()]
 
 

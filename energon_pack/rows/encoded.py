@@ -128,6 +128,13 @@ class PreparedSample(Sample):
         media = sum(len(data) for data in self.images) + sum(len(data) for data in self.videos)
         return media + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
+    def segment(self, mrope_position_ids: torch.Tensor, visual: VisualInputs) -> PackedSegment:
+        """This sample as a row segment, with its postencoded rope positions (int64 [3, L]) and pixels."""
+        return PackedSegment(
+            key=self.__key__, input_ids=self.input_ids, labels=self.labels, loss_mask=self.loss_mask,
+            mrope_position_ids=mrope_position_ids, visual=visual, subflavors=self.__subflavors__,
+        )
+
     @classmethod
     def skipped(cls, base: Sample, error: BadSampleError) -> PreparedSample:
         """A marker for the bad sample ``base`` (keeps its key and restore key) skipped for ``error``."""

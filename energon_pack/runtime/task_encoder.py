@@ -22,12 +22,11 @@ from megatron.energon.task_encoder.base import stateless
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers.batch_dataset import BatchDataset
 
-from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingConfig
-from energon_pack.rows.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
+from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.rows.flops import CostModel, grid_rows
 from energon_pack.errors import BadSampleError
-from energon_pack.packing.budget import row_budget, sample_misfit
+from energon_pack.packing.budget import fits_one_row, row_budget, sample_misfit
 from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
 from energon_pack.qwen.encode import PreparedChat, QwenChatEncoder
 from energon_pack.qwen.fit import MediaGeometry
@@ -122,12 +121,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         return PreparedSample.derive_from(sample, images=sample.images, videos=sample.videos, **vars(prepared))
 
     def _fits_row(self, num_tokens: int, geometry: MediaGeometry) -> bool:
-        """Whether a sample of ``num_tokens`` tokens with this media geometry fits one row (width,
-        vision patch budget); the media count limit is the packing stage's to check."""
-        budget = self.config.policy.max_row_vision_patches
-        return aligned_length(num_tokens, self.config.row.pad_multiple) <= self.config.row.seq_length and (
-            budget is None or geometry.vision_patches <= budget
-        )
+        """Whether a sample of ``num_tokens`` tokens with this media geometry fits one row (``fits_one_row``)."""
+        return fits_one_row(num_tokens, geometry.vision_patches, self.config.row, self.config.policy)
 
     # --- postencode: pixels and rope positions, only for emitted bins ---------------------
 
@@ -137,15 +132,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         given, see :meth:`allocate_row_pixels`); raises ``BadSampleError`` on bad media."""
         prepared = PreparedChat(**{f.name: getattr(sample, f.name) for f in fields(PreparedChat)})
         encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots)
-        segment = PackedSegment(
-            key=sample.__key__,
-            input_ids=sample.input_ids,
-            labels=sample.labels,
-            loss_mask=sample.loss_mask,
-            mrope_position_ids=encoded.mrope_position_ids,
-            visual=encoded.visual,
-            subflavors=sample.__subflavors__,
-        )
+        segment = sample.segment(encoded.mrope_position_ids, encoded.visual)
         return EncodedSample.derive_from(sample, segment=segment)
 
     def allocate_row_pixels(self, samples: list[PreparedSample]) -> list[PixelSlots]:

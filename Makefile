@@ -61,9 +61,16 @@ demo: install
 
 PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest --durations=15
 
+# The compatibility run has its own venv and runs beside the main suite (which keeps about one of
+# two cores busy), its output kept in .test-compat.log and printed after the main suite's; `make
+# test` fails when either fails.
 test: install-test
-	$(PYTEST)
-	$(MAKE) --no-print-directory test-compat
+	@$(MAKE) --no-print-directory test-compat > .test-compat.log 2>&1 & compat=$$!; \
+	$(PYTEST); main=$$?; \
+	wait $$compat; status=$$?; \
+	echo "==== compatibility run (beside the main suite; exit $$status): .test-compat.log ===="; \
+	cat .test-compat.log; \
+	test $$main -eq 0 -a $$status -eq 0
 
 test-fast: install-test
 	$(PYTEST) -m "not slow" --timeout=300
@@ -79,4 +86,4 @@ test-compat:
 	fi
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .hypothesis .test-compat.log

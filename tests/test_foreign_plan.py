@@ -68,3 +68,35 @@ def test_the_plan_loader_reads_the_bridge_dataset(bridge, tmp_path, processor):
     with get_packing_loader(bridge, config, processor, plan=tmp_path / "a.plan") as loader:
         keys = [key for row in loader for key in row["__keys__"]]
     assert len(keys) == len(set(keys)) == 12
+
+
+def test_inspect_says_what_a_bridge_dataset_is_and_renders_its_first_sample(tmp_path, capsys):
+    from tests.bridge_datasets import TUTORIAL_YAML, tutorial_samples
+
+    dataset = write_bridge_dataset(tmp_path / "tutorial", tutorial_samples(), TUTORIAL_YAML)
+    capsys.readouterr()
+    assert main(["inspect", str(dataset)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:5] == [
+        "format: megatron-bridge-chatml",
+        "dataset class: megatron.bridge.data.energon.task_encoder_utils.ChatMLWebdataset (not imported; read by "
+        "energon_pack.formats.bridge_chatml:BridgeChatMLWebdataset)",
+        "field map: imgs: image.png, conversation: conversation.json",
+        lines[3],
+        "first sample (tutorial-000000, 1 image(s), 0 video(s)) as a conversation:",
+    ]
+    assert lines[3].startswith("read as: conversation JSON normalised as Bridge 0.6.2 does")
+    assert lines[5:7] == ["  user: [image] What is in picture 0?", "  assistant: Noise number 0."]
+    assert any(line.split() == ["samples", "4"] for line in lines)
+
+
+def test_inspect_of_our_dataset_prints_no_format_block(synthetic_dataset, capsys):
+    assert main(["inspect", str(synthetic_dataset.out_dir), "--limit", "2"]) == 0
+    assert not capsys.readouterr().out.startswith("format:")
+
+
+def test_simulate_reads_a_bridge_dataset(bridge, capsys):
+    capsys.readouterr()
+    assert main(["simulate", "--dataset", str(bridge), "--widths", "512", "--buffers", "4"]) == 0
+    table = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("512")]
+    assert len(table) == 4 and all(float(row[2].rstrip("%")) > 50 for row in table)  # fill of the 12 readable samples

@@ -105,3 +105,17 @@ def test_a_metadataset_blends_ours_and_a_bridge_dataset(bridge_dataset, syntheti
     assert sources["bridge"] == len(keys) - sum(SKIPS.values())
     assert sources["ours"] + stats["skipped_total"] - sum(SKIPS.values()) == synthetic_dataset.written
     assert all(stats["skipped"].get(reason, 0) >= count for reason, count in SKIPS.items())
+
+
+def test_the_readme_lines_read_a_bridge_dataset_in_place(bridge_dataset, processor):
+    import re
+
+    from tests.test_readme import README
+
+    text = README.read_text(encoding="utf-8")
+    block = re.search(r"```python\n(with get_packing_loader\(\"path/to/bridge_dataset\".*?)```", text, flags=re.DOTALL).group(1)
+    assert len(block.strip().splitlines()) == 3
+    path, keys, _ = bridge_dataset
+    namespace = {"get_packing_loader": get_packing_loader, "config": make_config(0), "processor": processor}
+    exec(compile(block.replace('"path/to/bridge_dataset"', repr(str(path))), "README.md", "exec"), namespace)  # noqa: S102
+    assert sum(len(row["__keys__"]) for row in namespace["rows"]) == len(keys) - sum(SKIPS.values())

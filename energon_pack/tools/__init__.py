@@ -16,6 +16,8 @@ ratio holds on a noisy machine.
 - ``plan`` (`bench_plan`): the offline plan path alone (no HF side): plan seconds, peak RSS, file
   size, open and read seconds of a format-2 plan, on synthetic facts of ``--samples`` samples or
   on ``--dataset`` (then measured first).
+- ``foreign`` (`bench_foreign`): preencode of a sample read in place (Megatron-Bridge's format,
+  pickle load included) against the same sample in our format (prints its own table).
 - ``jpeg`` (`bench_jpeg`): the optional fast JPEG decode (``RowLayout.fast_jpeg_decode``, "ours")
   against the exact path ("HF"): images/s, max abs difference and PSNR of the patches.
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_pack.core.tables import format_table
+from energon_pack.tools.bench_foreign import bench_foreign
 from energon_pack.tools.bench_jpeg import bench_jpeg
 from energon_pack.tools.bench_loader import bench_loader, loader_options
 from energon_pack.tools.bench_plan import bench_plan, plan_options
@@ -46,11 +49,14 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "loader": bench_loader,
     "jpeg": bench_jpeg,
     "plan": bench_plan,
+    "foreign": bench_foreign,
 }
 #: Stages whose benchmark takes options from the command line and prints its own tables.
-OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {"loader": loader_options, "plan": plan_options}
+OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
+    "loader": loader_options, "plan": plan_options, "foreign": lambda args: None,
+}
 #: Stages of ``--stage all``, in run order.
-STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan")
+STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign")
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -194,3 +194,66 @@ def test_bridge_datasets_load_with_rows_equal_to_the_hf_processor(tmp_path, proc
     assert sorted(seen) == sorted(expected)
     for key, ids in expected.items():
         assert torch.equal(seen[key], ids), key
+
+
+def _hf_frame_list_reference(processor, messages, videos):
+    """The processor given the frames themselves (decoded with Pillow), sampled by our rule for a
+    clip taken at the processor's rate (``VisionSpec.fps``): docs/foreign_datasets.md."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from transformers.video_utils import VideoMetadata
+
+    from energon_pack.qwen.geometry import VisionSpec, sample_frame_indices
+
+    spec = VisionSpec.from_processor(processor)
+    clips, metadata = [], []
+    for frame_list in videos:
+        frames = np.stack([np.asarray(Image.open(io.BytesIO(frame)).convert("RGB")) for frame in frame_list])
+        indices = sample_frame_indices(len(frames), spec.fps, spec)
+        clips.append(frames[indices])
+        metadata.append(VideoMetadata(total_num_frames=len(frames), fps=spec.fps, frames_indices=list(indices)))
+    return processor(
+        text=[processor.apply_chat_template(list(messages))], videos=clips, video_metadata=metadata,
+        do_sample_frames=False, return_tensors="pt",
+    )
+
+
+@pytest.mark.parametrize("family", ["processor", "processor_qwen3"])
+def test_a_frame_list_video_equals_the_hf_processor_given_those_frames(request, family):
+    from energon_pack import QwenVLPackingTaskEncoder
+    from energon_pack.core.samples import QwenVLChatSample
+    from tests.bridge_datasets import frame_list
+
+    processor = request.getfixturevalue(family)
+    frames = frame_list(7, 6, 96, 64)
+    fields = _fields({
+        "jpgs": pickle.dumps([]), "videos": pickle.dumps([frames]),
+        "json": json.dumps([{"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "Flicker."}]).encode(),
+    })
+    assert fields["invalid_reason"] is None and fields["videos"] == [tuple(frames)]
+    encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096, pixel_dtype="float32"), processor)
+    sample = QwenVLChatSample(__key__="v", __restore_key__=(), __subflavors__=None, __sources__=None, **fields)
+    prepared = encoder.preencode_sample(sample)
+    assert prepared.skip_reason is None, prepared.skip_detail
+    visual = encoder.postencode_sample(prepared).segment.visual
+    reference = _hf_frame_list_reference(processor, fields["conversation"], fields["videos"])
+    assert torch.equal(prepared.input_ids, reference["input_ids"][0])
+    assert torch.equal(visual.video_grid_thw, reference["video_grid_thw"])
+    torch.testing.assert_close(visual.pixel_values_videos, reference["pixel_values_videos"], rtol=0, atol=1e-6)
+    if "second_per_grid_ts" in reference:
+        assert prepared.second_per_grid_ts == [float(v) for v in reference["second_per_grid_ts"]]
+
+
+def test_frame_lists_with_mixed_sizes_are_a_counted_skip(processor):
+    from energon_pack import QwenVLPackingTaskEncoder
+    from energon_pack.core.samples import QwenVLChatSample
+    from tests.bridge_datasets import frame_list
+
+    frames = frame_list(8, 3, 64, 48) + frame_list(9, 1, 48, 64)
+    fields = _fields({"videos": pickle.dumps([frames]),
+                      "json": b'[{"from": "human", "value": "<video>"}, {"from": "gpt", "value": "x"}]'})
+    sample = QwenVLChatSample(__key__="m", __restore_key__=(), __subflavors__=None, __sources__=None, **fields)
+    prepared = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096), processor).preencode_sample(sample)
+    assert prepared.skip_reason == "mixed_frame_sizes" and "frame 3 is 48x64" in prepared.skip_detail

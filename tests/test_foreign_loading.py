@@ -2,8 +2,8 @@
 exact resume with 2 workers, a metadataset blending it with one of ours, and ``msc://``.
 
 The Bridge dataset (tests/bridge_datasets.py, pickled layout) has 24 samples in 4 shards: good ones
-(text, one image, several images, both message styles), one whose pickle would run code, one with a
-truncated pickle and one frame-list video (not read yet): 3 counted skips.
+(text, one image, several images, a frame-list video, both message styles), one whose pickle would
+run code, one with a truncated pickle and one frame list of mixed frame sizes: 3 counted skips.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from energon_pack.loader import get_packing_loader
-from tests.bridge_datasets import PICKLED_YAML, pickled_samples, write_bridge_dataset
+from tests.bridge_datasets import PICKLED_YAML, frame_list, pickled_samples, write_bridge_dataset
 from tests.test_loader_resume import full_run, make_config, row_digest
 
 # Slow: real Energon loaders (worker processes).
 pytestmark = pytest.mark.slow
 
-SKIPS = {"unsafe_pickle": 1, "truncated_pickle": 1, "frame_list_video": 1}
+SKIPS = {"unsafe_pickle": 1, "truncated_pickle": 1, "mixed_frame_sizes": 1}
 
 
 class _Touch:
@@ -44,6 +44,8 @@ def _bridge_samples(marker: Path) -> list[dict[str, bytes]]:
     samples.append({**video, "__key__": "bridgeV-video"})
     samples.append({**base[1], "__key__": "bridgeX-unsafe", "jpgs": pickle.dumps([_Touch(marker)])})
     samples.append({**base[1], "__key__": "bridgeX-truncated", "jpgs": base[1]["jpgs"][:-5]})
+    mixed = frame_list(16, 2, 64, 48) + frame_list(17, 2, 48, 64)
+    samples.append({**video, "__key__": "bridgeX-mixed", "videos": pickle.dumps([mixed])})
     samples.append({**base[2], "__key__": "bridgeY-last"})
     return samples
 
@@ -63,7 +65,7 @@ def test_every_sample_arrives_once_or_is_counted_by_reason(bridge_dataset, proce
     arrived = [key for row_keys, _ in rows for key in row_keys]
     assert len(arrived) == len(set(arrived))
     assert stats["skipped"] == SKIPS
-    assert sorted(arrived) == sorted(set(keys) - {"bridgeV-video", "bridgeX-unsafe", "bridgeX-truncated"})
+    assert sorted(arrived) == sorted(set(keys) - {"bridgeX-mixed", "bridgeX-unsafe", "bridgeX-truncated"})
     assert stats["samples_in"] == len(keys)
     assert not marker.exists()
 

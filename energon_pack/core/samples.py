@@ -10,7 +10,7 @@ numbered from 0 per kind. Media stay compressed bytes: nothing is decoded when l
 # No `from __future__ import annotations`: Energon reads ``QwenVLChatSample``'s field annotations
 # as objects.
 
-from typing import Optional
+from typing import Optional, Union
 
 from megatron.energon import Sample
 from megatron.energon.edataclass import edataclass
@@ -37,8 +37,10 @@ class QwenVLChatSample(Sample):
     conversation: list[Message]
     #: Compressed image files (JPEG, PNG, WebP, GIF, BMP, TIFF bytes), in placeholder order.
     images: list[bytes]
-    #: Compressed video files (MP4, M4V, WebM, MKV, MOV, AVI bytes), in placeholder order.
-    videos: list[bytes]
+    #: Compressed video files (MP4, M4V, WebM, MKV, MOV, AVI bytes), or videos given as a tuple of
+    #: encoded frames of one size (frame lists, read in place from Megatron-Bridge datasets), in
+    #: placeholder order.
+    videos: list[Union[bytes, tuple[bytes, ...]]]
     #: Skip reason (``BadSampleError.reason``) of a conversation that failed validation, else None.
     invalid_reason: Optional[str] = None
     #: What was wrong with it (``BadSampleError.detail``), else None.
@@ -48,3 +50,11 @@ class QwenVLChatSample(Sample):
 def media_part_name(index: int, extension: str) -> str:
     """WebDataset part name of a media file. Example: ``(1, "png")`` -> ``"1.png"``."""
     return f"{index}.{extension}"
+
+
+def media_nbytes(data: Union[bytes, tuple[bytes, ...]]) -> int:
+    """Compressed bytes of one image or video: a file, or a frame list (the sum of its frames).
+
+    Example: ``b"abc"`` -> 3; ``(b"ab", b"cd")`` -> 4.
+    """
+    return len(data) if isinstance(data, (bytes, bytearray)) else sum(len(frame) for frame in data)

@@ -11,6 +11,7 @@ import numpy as np
 
 from energon_pack.config import PackingConfig
 from energon_pack.core.dataset_path import check_dataset_path
+from energon_pack.core.samples import media_nbytes
 from energon_pack.core.tables import format_table
 from energon_pack.formats.dispatch import reading_formats
 
@@ -83,7 +84,7 @@ def prepared_samples(
             )
         measured.append(FactSample(
             index=index, reason=prepared.skip_reason, tokens=prepared.num_tokens, geometry=geometry,
-            images=len(raw.images), videos=len(raw.videos), media_bytes=sum(map(len, raw.images)) + sum(map(len, raw.videos)),
+            images=len(raw.images), videos=len(raw.videos), media_bytes=sum(map(media_nbytes, raw.images)) + sum(map(media_nbytes, raw.videos)),
         ))
     return measured, f"measured by preencoding every sample ({found})"
 

@@ -228,12 +228,6 @@ def bridge_fields(parts: Dict[str, Any], *, field_map: Mapping[str, str], max_pi
                 )
         images = _read_media(parts, field_map, "imgs", max_pickle_bytes)
         videos = _read_media(parts, field_map, "videos", max_pickle_bytes)
-        if any(isinstance(video, tuple) for video in videos):
-            raise BadSampleError(
-                "frame_list_video",
-                "a video given as a list of frames is not read yet (frames are checked, not packed); fix: store "
-                "the clip as one video file (field_map videos: video.mp4)",
-            )
         member = field_map["conversation"]
         if member not in parts:
             raise BadSampleError("malformed_conversation", f"sample has no {member!r} conversation member")

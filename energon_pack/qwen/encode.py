@@ -20,7 +20,7 @@ import torch
 
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
-from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_image, probe_video
+from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_frame_list, probe_image, probe_video
 from energon_pack.qwen.pixels import ImagePatcher, PixelSlots, VideoPatcher, image_pixels, video_pixels
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
 from energon_pack.qwen.template import (
@@ -128,7 +128,11 @@ class QwenChatEncoder:
                 probe_image(data, max_pixels=self.max_image_pixels, apply_exif_orientation=self.apply_exif_orientation)
                 for data in images
             ]
-            video_infos = [probe_video(data) for data in videos]
+            video_infos = [
+                probe_video(data) if isinstance(data, (bytes, bytearray))
+                else probe_frame_list(data, fps=self.vision.fps, max_pixels=self.max_image_pixels)
+                for data in videos
+            ]
         geometry = media_geometry(image_infos, video_infos, self.vision)
         tokens = self._tokenize(conversation, geometry)
         limits = tokens_before_shrink = None

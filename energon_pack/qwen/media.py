@@ -34,6 +34,7 @@ from __future__ import annotations
 import struct
 import warnings
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from io import BytesIO
 
@@ -317,6 +318,34 @@ def probe_video(data: bytes) -> VideoInfo:
     if width < 1 or height < 1:
         raise BadMediaError("corrupt_video", f"first video stream ({codec}) has an empty size {width}x{height}")
     return info
+
+
+def probe_frame_list(frames: Sequence[bytes], *, fps: float, max_pixels: int | None = None) -> VideoInfo:
+    """A video given as its encoded frames (JPEG, PNG, ...: Megatron-Bridge's frame lists): T is the
+    number of frames, the size that of the first frame's header, and ``fps`` the rate the caller
+    says the frames were taken at (the processor's sampling rate: docs/foreign_datasets.md). Every
+    frame's header is read (no pixel decode) to check they share the first one's size.
+
+    Raises `BadMediaError`: ``corrupt_video`` (no frames), ``mixed_frame_sizes``, or a frame's own
+    image reason (``corrupt_image``, ``pixel_bomb``). EXIF orientation is not applied to frames.
+    Example: probe_frame_list([<64x48 JPEG>] * 4, fps=2.0) -> VideoInfo(num_frames=4, fps=2.0,
+    width=64, height=48, codec="jpeg", container="frame list").
+    """
+    if not frames:
+        raise BadMediaError("corrupt_video", "the frame list is empty")
+    first = probe_image(frames[0], max_pixels=max_pixels, apply_exif_orientation=False)
+    for number, frame in enumerate(frames[1:], start=1):
+        info = probe_image(frame, max_pixels=max_pixels, apply_exif_orientation=False)
+        if (info.width, info.height) != (first.width, first.height):
+            raise BadMediaError(
+                "mixed_frame_sizes",
+                f"frame {number} is {info.width}x{info.height}, frame 0 {first.width}x{first.height}; the frames of "
+                "one video must share one size (fix: resize the frames when writing the dataset)",
+            )
+    return VideoInfo(
+        num_frames=len(frames), fps=float(fps), width=first.width, height=first.height, codec=first.format.lower(),
+        container="frame list",
+    )
 
 
 def _count_frames(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> tuple[int, int]:

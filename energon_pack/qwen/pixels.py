@@ -106,6 +106,24 @@ def decode_video_frames(data: bytes, frame_indices: Sequence[int], total_frames:
     return frames
 
 
+def decode_frame_list(frames: Sequence[bytes], frame_indices: Sequence[int]) -> np.ndarray:
+    """Decode the frames at ``frame_indices`` of a frame-list video (encoded images) as RGB uint8
+    [n, H, W, 3] (no EXIF orientation: frames are used as stored); a frame that does not decode,
+    or has another size than the first, is a bad sample (``corrupt_image`` / ``media_mismatch``)."""
+    from PIL import Image
+
+    decoded = []
+    for index in frame_indices:
+        try:
+            with Image.open(io.BytesIO(frames[index])) as image:
+                decoded.append(np.asarray(image.convert("RGB")))
+        except Exception as err:  # PIL raises OSError, SyntaxError, ValueError... on bad data
+            raise BadSampleError("corrupt_image", f"cannot decode frame {index}: {err}") from None
+        if decoded[-1].shape != decoded[0].shape:
+            raise BadSampleError("media_mismatch", f"frame {index} decodes to {decoded[-1].shape[:2]}, frame 0 to {decoded[0].shape[:2]}")
+    return np.stack(decoded)
+
+
 def _check_grid(kind: str, got: torch.Tensor, expected: np.ndarray) -> None:
     if got.shape != expected.shape or not np.array_equal(got.numpy(), expected):
         raise BadSampleError(
@@ -496,15 +514,18 @@ def video_pixels(
     out: torch.Tensor | None = None,
     patcher: VideoPatcher | None = None,
 ) -> torch.Tensor:
-    """``pixel_values_videos`` [P, C*T*p*p] of a sample's videos, frames decoded with PyAV, one
-    video at a time (its frames freed once patchified); ``out`` as in :func:`image_pixels`. With
+    """``pixel_values_videos`` [P, C*T*p*p] of a sample's videos (video files, frames decoded with
+    PyAV, or frame lists: tuples of encoded images, decoded with Pillow), one video at a time (its frames freed once patchified); ``out`` as in :func:`image_pixels`. With
     ``patcher`` (:meth:`VideoPatcher.for_processor`), ``uint8`` and ``out``, each video's patches
     are written straight into its slot (same bytes)."""
 
-    def process(data: bytes, timing: VideoTiming) -> Callable[[torch.Tensor | None], Any]:
+    def process(data: bytes | Sequence[bytes], timing: VideoTiming) -> Callable[[torch.Tensor | None], Any]:
         def run(slot: torch.Tensor | None) -> Any:
             with timed("decode"):
-                frames = decode_video_frames(data, timing.frame_indices, timing.total_frames)
+                if isinstance(data, (bytes, bytearray)):
+                    frames = decode_video_frames(data, timing.frame_indices, timing.total_frames)
+                else:  # a frame list (encoded images)
+                    frames = decode_frame_list(data, timing.frame_indices)
             with timed("resize/patchify"):
                 if patcher is not None and uint8 and slot is not None:
                     grid_thw = patcher(frames, slot)

@@ -18,6 +18,7 @@ from megatron.energon.edataclass import edataclass
 
 from energon_pack.errors import BadSampleError
 from energon_pack.qwen.template import VideoTiming
+from energon_pack.core.samples import media_nbytes
 from energon_pack.core.visual import VisualInputs
 
 
@@ -125,7 +126,7 @@ class PreparedSample(Sample):
     def nbytes(self) -> int:
         """Bytes this sample holds in a buffer: compressed media plus token arrays and grids."""
         tensors = (self.input_ids, self.labels, self.loss_mask, self.image_grid_thw, self.video_grid_thw)
-        media = sum(len(data) for data in self.images) + sum(len(data) for data in self.videos)
+        media = sum(map(media_nbytes, self.images)) + sum(map(media_nbytes, self.videos))
         return media + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def segment(self, mrope_position_ids: torch.Tensor, visual: VisualInputs) -> PackedSegment:

@@ -8,7 +8,6 @@ turns. Our rows equal the Hugging Face processor on the conversation Bridge's no
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
 from pathlib import Path
@@ -47,8 +46,24 @@ def _fields(parts: dict, field_map: dict = PICKLED_MAP) -> dict:
     return bridge_fields(parts, field_map=field_map)
 
 
-def test_megatron_bridge_is_not_installed_in_the_main_suite():
-    assert importlib.util.find_spec("megatron.bridge") is None
+def test_reading_a_bridge_dataset_never_imports_megatron_bridge(tmp_path):
+    """In a fresh interpreter (Bridge may be installed there or not): its modules stay unimported."""
+    import subprocess
+    import sys
+
+    dataset = write_bridge_dataset(tmp_path / "ds", pickled_samples(), PICKLED_YAML)
+    code = (
+        "import sys\n"
+        "from megatron.energon import WorkerConfig, get_loader, get_val_dataset\n"
+        "from energon_pack.formats.dispatch import reading_formats\n"
+        "with reading_formats():\n"
+        f"    ds = get_val_dataset({str(dataset)!r}, split_part='train', batch_size=None,\n"
+        "                         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))\n"
+        "keys = [s.__key__ for s in get_loader(ds)]\n"
+        "print(len(keys), sorted(m for m in sys.modules if m.startswith('megatron.bridge')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "5 []", result.stdout
 
 
 @pytest.mark.parametrize(

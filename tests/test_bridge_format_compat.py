@@ -7,10 +7,12 @@ pixel values and trained tokens are equal, except the differences docs/foreign_d
 
 - Bridge trains the newline after each assistant ``<|im_end|>``; we do not (docs/batch_contract.md);
 - Bridge strips the spaces around a placeholder and glues the words (``"Compare <image> and <image>."``
-  renders ``"Compareand."``); we keep one space (``"Compare and."``).
+  renders ``"Compareand."``); we keep one space (``"Compare and."``);
+- a frame-list video reaches Bridge's processor call without its rate (24 fps assumed: Qwen2.5-VL
+  ``second_per_grid_ts`` 2/24 s); we take the processor's sampling rate (2 fps: 1 s).
 
-Images have sides that are multiples of 28 inside qwen-vl-utils' limits, where its own pre-resize
-(a Bridge-only step before the processor's) leaves the pixels as they are.
+Images and video frames have sides that are multiples of 28 inside qwen-vl-utils' limits, where its
+own pre-resize (a Bridge-only step before the processor's) leaves the pixels as they are.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import importlib.util
 import pytest
 import torch
 
-from tests.bridge_datasets import PICKLED_YAML, TUTORIAL_YAML, encoded_image, write_bridge_dataset
+from tests.bridge_datasets import PICKLED_YAML, TUTORIAL_YAML, encoded_image, frame_list, write_bridge_dataset
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("megatron.bridge") is None or importlib.util.find_spec("qwen_vl_utils") is None,
@@ -47,6 +49,10 @@ def _samples() -> tuple[list[dict[str, bytes]], list[dict[str, bytes]]]:
          "json": json.dumps(conversation).encode()}
         for i, (conversation, images) in enumerate(pickled_records)
     ]
+    pickled.append({
+        "__key__": "bridge-video", "jpgs": pickle.dumps([]), "videos": pickle.dumps([frame_list(40, 4, 336, 336)]),
+        "json": json.dumps([{"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "Flicker."}]).encode(),
+    })
     tutorial = [
         {"__key__": f"tutorial-{i:06d}", "image.png": encoded_image(30 + i, 28 * (2 + i), 56, "PNG"),
          "conversation.json": json.dumps([
@@ -111,6 +117,9 @@ def _bridge_rows(path, processor) -> dict[str, dict]:
             "trained": sorted(int(i) for i in torch.nonzero(labels != -100).flatten()),
             "image_grid_thw": None if visual is None else getattr(visual, "image_grid_thw", None),
             "pixel_values": None if visual is None else getattr(visual, "pixel_values", None),
+            "video_grid_thw": None if visual is None else getattr(visual, "video_grid_thw", None),
+            "pixel_values_videos": None if visual is None else getattr(visual, "pixel_values_videos", None),
+            "second_per_grid_ts": None if visual is None else getattr(visual, "second_per_grid_ts", None),
         }
     return rows
 
@@ -130,6 +139,9 @@ def _our_rows(path, processor) -> dict[str, dict]:
             "trained": sorted(int(i) for i in torch.nonzero(prepared.labels != -100).flatten()),
             "image_grid_thw": visual.image_grid_thw,
             "pixel_values": visual.pixel_values,
+            "video_grid_thw": visual.video_grid_thw,
+            "pixel_values_videos": visual.pixel_values_videos,
+            "second_per_grid_ts": None if prepared.second_per_grid_ts is None else torch.tensor(prepared.second_per_grid_ts),
         }
     return rows
 
@@ -161,6 +173,13 @@ def test_rows_equal_bridge_encode_sample_and_collate(tmp_path, processor, layout
         assert set(mine["trained"]) <= set(bridge["trained"]), key
         assert extra == _newlines_after_assistant_end(mine["input_ids"], mine["trained"], tokenizer), (key, extra)
         assert extra, f"{key}: Bridge is expected to train the newline after <|im_end|>"
+        if key == "bridge-video":
+            assert torch.equal(mine["video_grid_thw"], bridge["video_grid_thw"])
+            torch.testing.assert_close(mine["pixel_values_videos"], bridge["pixel_values_videos"].float(), rtol=0, atol=1e-5)
+            # documented: Bridge's processor call assumes 24 fps for a frame list; we take the processor's 2 fps
+            assert mine["second_per_grid_ts"].tolist() == [2 / 2.0]
+            assert bridge["second_per_grid_ts"].tolist() == pytest.approx([2 / 24])
+            continue
         if bridge["image_grid_thw"] is None:
             assert mine["image_grid_thw"] is None, key
             continue

@@ -104,3 +104,30 @@ def test_the_dispatch_is_undone_on_exit():
             assert energon_dataset_config.load_config is not before
         assert energon_dataset_config.load_config is not before
     assert energon_dataset_config.load_config is before
+
+
+def test_an_unreadable_leaf_of_a_metadataset_is_refused_in_one_line(small_dataset, tmp_path, processor):
+    from energon_pack import PackingConfig, get_packing_loader
+
+    leaf = _with_yaml(small_dataset, tmp_path / "leaf", "__module__: my_project.readers\n__class__: SecretChat\n")
+    blend = tmp_path / "blend.yaml"
+    blend.write_text(
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend_epochized:\n"
+        f"      - repetitions: 1\n        path: {small_dataset}\n      - repetitions: 1\n        path: {leaf}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(UnreadableDatasetError, match="my_project.readers.SecretChat") as caught:
+        get_packing_loader(blend, PackingConfig(seq_length=1024, num_workers=0, repeat=False), processor)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["plan", "--config", "CONFIG", "--out", "OUT"]])
+def test_the_cli_refuses_an_unreadable_dataset_with_exit_2_and_one_line(small_dataset, tmp_path, capsys, command):
+    from energon_pack.cli import main
+
+    dataset = _with_yaml(small_dataset, tmp_path / "ds", "__module__: my_project.readers\n__class__: SecretChat\n")
+    (tmp_path / "packing.yaml").write_text("seq_length: 1024\n", encoding="utf-8")
+    argv = [part.replace("CONFIG", str(tmp_path / "packing.yaml")).replace("OUT", str(tmp_path / "a.plan")) for part in command]
+    assert main([argv[0], str(dataset), *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "my_project.readers.SecretChat" in err and "fix:" in err

@@ -272,3 +272,23 @@ def test_frame_lists_with_mixed_sizes_are_a_counted_skip(processor):
     sample = QwenVLChatSample(__key__="m", __restore_key__=(), __subflavors__=None, __sources__=None, **fields)
     prepared = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096), processor).preencode_sample(sample)
     assert prepared.skip_reason == "mixed_frame_sizes" and "frame 3 is 48x64" in prepared.skip_detail
+
+
+def test_a_frame_list_uint8_payload_normalises_to_the_float32_payload(processor):
+    """The default uint8 payload (patched straight into the row by ``VideoPatcher``) of a frame list."""
+    from energon_pack import QwenVLPackingTaskEncoder
+    from energon_pack.core.samples import QwenVLChatSample
+    from tests.bridge_datasets import frame_list
+
+    fields = _fields({"videos": pickle.dumps([frame_list(10, 4, 96, 64)]),
+                      "json": b'[{"from": "human", "value": "<video>Go"}, {"from": "gpt", "value": "x"}]'})
+    sample = QwenVLChatSample(__key__="u", __restore_key__=(), __subflavors__=None, __sources__=None, **fields)
+    visuals = {}
+    for dtype in ("float32", "uint8"):
+        encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096, pixel_dtype=dtype), processor)
+        prepared = encoder.preencode_sample(sample)
+        slots = encoder.allocate_row_pixels([prepared])[0]
+        visuals[dtype] = encoder.postencode_sample(prepared, slots).segment.visual
+    assert visuals["uint8"].pixel_values_videos.dtype == torch.uint8
+    normalised = visuals["uint8"].normalized_for_model()["pixel_values_videos"]
+    torch.testing.assert_close(normalised, visuals["float32"].pixel_values_videos, rtol=0, atol=1e-6)

@@ -17,7 +17,7 @@ _PUBLIC_NAMES = {
     "check_training_compat": "energon_pack.config",
     "ResumeMismatchError": "energon_pack.identity",
     "QwenVLChatSample": "energon_pack.core.samples",
-    "QwenVLChatWebdataset": "energon_pack.core.samples",
+    "QwenVLChatWebdataset": "energon_pack.formats.qwen_chat",
     "load_processor": "energon_pack.qwen.processor",
     "QwenVLPackingTaskEncoder": "energon_pack.runtime.task_encoder",
     "VisualInputs": "energon_pack.core.visual",

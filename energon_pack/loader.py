@@ -27,6 +27,7 @@ from megatron.energon import (
 from energon_pack.config import PackingConfig
 from energon_pack.identity import check_resume_fingerprint, dataset_config_fingerprint, resume_fingerprint
 from energon_pack.core.dataset_path import check_dataset_path
+from energon_pack.formats.dispatch import reading_formats
 from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
@@ -249,22 +250,23 @@ def get_packing_loader(
         data_parallel_group=group,
         seed_offset=config.loader.seed,
     )
-    if split == "train":
-        try:
-            dataset = get_train_dataset(
-                path,
-                split_part=split,
-                worker_config=worker_config,
-                batch_size=1,
-                shuffle_buffer_size=config.loader.shuffle_buffer_size,
-                max_samples_per_sequence=config.loader.max_samples_per_sequence,
-                task_encoder=task_encoder,
-                repeat=config.loader.repeat,
-            )
-        except WeightedBlendWithoutRepeatError as err:
-            raise WeightedBlendWithoutRepeatError(f"{path}: {err}") from None
-    else:
-        dataset = get_val_dataset(path, split_part=split, worker_config=worker_config, batch_size=1, task_encoder=task_encoder)
+    with reading_formats():  # the reader of each dataset's format (formats.dispatch)
+        if split == "train":
+            try:
+                dataset = get_train_dataset(
+                    path,
+                    split_part=split,
+                    worker_config=worker_config,
+                    batch_size=1,
+                    shuffle_buffer_size=config.loader.shuffle_buffer_size,
+                    max_samples_per_sequence=config.loader.max_samples_per_sequence,
+                    task_encoder=task_encoder,
+                    repeat=config.loader.repeat,
+                )
+            except WeightedBlendWithoutRepeatError as err:
+                raise WeightedBlendWithoutRepeatError(f"{path}: {err}") from None
+        else:
+            dataset = get_val_dataset(path, split_part=split, worker_config=worker_config, batch_size=1, task_encoder=task_encoder)
     fingerprint = resume_fingerprint(
         config, task_encoder, rank=rank, world_size=world_size, split=split,
         dataset=dataset_config_fingerprint(dataset.config()),

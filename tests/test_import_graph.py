@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("config: the packing configuration", ["config"]),
     ("identity: every fingerprint and their comparison", ["identity"]),
     ("qwen: the Qwen-VL family (media, tokens, pixels, rope)", ["qwen"]),
+    ("formats: the dataset formats read in place, and the reader dispatch", ["formats"]),
     ("rows: THD row assembly", ["rows"]),
     ("packing: pure bin selection, budgets, simulator", ["packing"]),
     ("runtime: the Energon task encoder and packing stage", ["runtime"]),

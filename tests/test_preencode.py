@@ -28,7 +28,8 @@ from energon_pack.config import PackingConfig
 from energon_pack.rows.encoded import PreparedSample
 from energon_pack.qwen.pixels import decode_image, decode_video_frames
 from energon_pack.qwen.template import IGNORE_INDEX
-from energon_pack.core.samples import QwenVLChatSample, chat_fields_from_parts
+from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.formats.qwen_chat import chat_fields_from_parts
 from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from tests.golden_media import (
     GoldenSample,

@@ -95,7 +95,7 @@ def test_a_dataset_prepared_before_sample_type_still_loads(raw: Path):
 def test_another_sample_type_is_refused(raw: Path):
     """Energon's parser refuses a type that is no QwenVLChatSample (from the annotation); ours refuses
     a subclass, naming the fix."""
-    from energon_pack.core.samples import QwenVLChatWebdataset
+    from energon_pack.formats.qwen_chat import QwenVLChatWebdataset
 
     prepare_dataset(raw / "records.jsonl", raw / "media", raw / "out", progress=False)
     meta = raw / "out" / ".nv-meta" / "dataset.yaml"

@@ -2,7 +2,7 @@
 ``energon_pack.plan.facts``, docs/on_disk_format.md).
 
 Each written sample is read back exactly as the loader will read it
-(``core.samples.chat_fields_from_parts`` on the same parts), its media probed with the same
+(``formats.qwen_chat.chat_fields_from_parts`` on the same parts), its media probed with the same
 header probes as preencode (``qwen.media.probe_image`` / ``probe_video``) plus their
 orientation, and, with a processor, its chat tokenized once to record its text tokens. The
 rows are put in the dataset's index order (``.nv-meta/index.sqlite``) when the dataset is done.
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from energon_pack.core.samples import chat_fields_from_parts
+from energon_pack.formats.qwen_chat import chat_fields_from_parts
 from energon_pack.errors import BadSampleError
 from energon_pack.identity import processor_fingerprint
 from energon_pack.plan.facts import FACTS_FORMAT, TOKENS_FORMAT, Facts, TextTokens, shard_table

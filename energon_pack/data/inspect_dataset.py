@@ -12,6 +12,7 @@ import numpy as np
 from energon_pack.config import PackingConfig
 from energon_pack.core.dataset_path import check_dataset_path
 from energon_pack.core.tables import format_table
+from energon_pack.formats.dispatch import reading_formats
 
 #: Rows wide enough for any sample: inspect and simulate measure, they do not pack.
 _WIDE = PackingConfig(seq_length=1 << 20)
@@ -33,9 +34,10 @@ def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None,
 
     check_dataset_path(dataset, split=split)
     encoder = _wide_encoder(processor)
-    samples = get_val_dataset(
-        dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None
-    )
+    with reading_formats():
+        samples = get_val_dataset(
+            dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None
+        )
     for index, sample in enumerate(tqdm(pin_only_with_accelerator(get_loader(samples)), desc="preencode", unit="sample")):
         if limit is not None and index >= limit:
             return

@@ -34,6 +34,7 @@ import numpy as np
 
 from energon_pack.config import PackingConfig
 from energon_pack.errors import UsageError
+from energon_pack.formats.dispatch import reading_formats
 from energon_pack.identity import encoder_fingerprint, plan_fingerprint, processor_fingerprint, split_fingerprint
 from energon_pack.packing.balance import balance_rows
 from energon_pack.packing.budget import row_budget, sample_misfit
@@ -96,7 +97,8 @@ def open_split(path: str | Path, split: str, worker_config: Any) -> Any:
             "dataset; fix: prepare the data with energon-pack prepare, or plan each dataset of a metadataset "
             "separately and load them one by one"
         )
-    return get_dataset_from_config(path, split_part=split, training=False, worker_config=worker_config)
+    with reading_formats():
+        return get_dataset_from_config(path, split_part=split, training=False, worker_config=worker_config)
 
 
 def dataset_fingerprint(path: str | Path, split: str) -> dict[str, Any]:
@@ -400,9 +402,10 @@ def _measure_slice(
 
     worker_config = WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers)
     total = len(open_split(path, split, WorkerConfig(rank=0, world_size=1, num_workers=0)))
-    dataset = get_val_dataset(
-        path, split_part=split, worker_config=worker_config, batch_size=64, task_encoder=_length_encoder(encoder)
-    )
+    with reading_formats():
+        dataset = get_val_dataset(
+            path, split_part=split, worker_config=worker_config, batch_size=64, task_encoder=_length_encoder(encoder)
+        )
     measurement = Measurement.empty(total)
     seen = np.zeros(total, dtype=np.int8)
     with tqdm(total=-(-total // world_size), desc="preencode (headers)", unit="sample", disable=not progress) as bar:

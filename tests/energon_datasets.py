@@ -127,3 +127,78 @@ def make_vqa_dataset(root: Path, n: int = 6) -> list[dict[str, Any]]:
     write_shards(root, samples)
     energon_prepare(root, sample_type="VQASample", sample_loader=VQA_SAMPLE_LOADER)
     return samples
+
+
+#: Sample loaders as users write them for the sample types a field map cannot fill (lists of media).
+INTERLEAVED_SAMPLE_LOADER = '''
+def sample_loader(raw: dict) -> dict:
+    sequence = [raw[f"{item['image']}.jpg"] if isinstance(item, dict) else item for item in raw["json"]["sequence"]]
+    return dict(__key__=raw["__key__"], sequence=sequence)
+
+
+def part_filter(part: str) -> bool:
+    return part == "json" or part.endswith(".jpg")
+'''
+
+SIMILARITY_SAMPLE_LOADER = '''
+def sample_loader(raw: dict) -> dict:
+    doc = raw["json"]
+    return dict(
+        __key__=raw["__key__"],
+        images=[raw[f"{index}.jpg"] for index in range(doc["num_images"])],
+        texts=doc["texts"],
+        matched_text_indices=doc["matched"],
+    )
+
+
+def part_filter(part: str) -> bool:
+    return part == "json" or part.endswith(".jpg")
+'''
+
+
+def make_type_dataset(root: Path, sample_type: str, *, n: int = 2) -> list[dict[str, Any]]:
+    """A dataset of ``n`` samples of Energon's ``sample_type`` (any of the eight built-in types we
+    map), written and prepared as its users do; returns its samples (members by extension)."""
+    field_map: dict[str, str] | None = None
+    loader: str | None = None
+    if sample_type == "CaptioningSample":
+        samples = captioning_samples(n)
+        field_map = {"image": "jpg", "caption": "txt"}
+    elif sample_type == "VQASample":
+        samples, loader = vqa_samples(n), VQA_SAMPLE_LOADER
+    elif sample_type == "VidQASample":
+        samples = [{"__key__": f"vid{i:03d}", "mp4": small_mp4(i),
+                    "json": {"question": f"What moves in clip {i}?", "answers": [f"colour {i}"]}} for i in range(n)]
+        field_map = {"video": "mp4", "context": "json[question]", "answers": "json[answers]"}
+    elif sample_type == "MultiChoiceVQASample":
+        samples = [{"__key__": f"mc{i:03d}", "jpg": small_jpeg(200 + i),
+                    "json": {"question": "Which pattern?", "choices": ["stripes", "gradient", "dots"], "answer": 1}}
+                   for i in range(n)]
+        field_map = {"image": "jpg", "context": "json[question]", "choices": "json[choices]",
+                     "correct_choice_idx": "json[answer]"}
+    elif sample_type == "OCRSample":
+        samples = [{"__key__": f"ocr{i:03d}", "jpg": small_jpeg(300 + i), "txt": f"SIGN {i}"} for i in range(n)]
+        field_map = {"image": "jpg", "text": "txt"}
+    elif sample_type == "TextSample":
+        samples = [{"__key__": f"txt{i:03d}", "txt": f"Plain text number {i}, for language modelling."} for i in range(n)]
+        field_map = {"text": "txt"}
+    elif sample_type == "InterleavedSample":
+        samples = [{"__key__": f"il{i:03d}", "0.jpg": small_jpeg(400 + i), "1.jpg": small_jpeg(500 + i),
+                    "json": {"sequence": ["A page:", {"image": 0}, "the first picture.", {"image": 1}, "The second."]}}
+                   for i in range(n)]
+        loader = INTERLEAVED_SAMPLE_LOADER
+    elif sample_type == "SimilarityInterleavedSample":
+        samples = [{"__key__": f"sim{i:03d}", "0.jpg": small_jpeg(600 + i), "1.jpg": small_jpeg(700 + i),
+                    "json": {"num_images": 2, "texts": ["First text.", "Second text."], "matched": [1, 0]}}
+                   for i in range(n)]
+        loader = SIMILARITY_SAMPLE_LOADER
+    else:
+        raise ValueError(f"no writer for sample type {sample_type!r}")
+    write_shards(root, samples)
+    energon_prepare(root, sample_type=sample_type, field_map=field_map, sample_loader=loader)
+    return samples
+
+
+def text_as_question(sample: Any) -> dict[str, Any]:
+    """A user's mapping (named in a config as ``tests.energon_datasets:text_as_question``)."""
+    return {"conversation": [{"role": "user", "content": "Repeat after me."}, {"role": "assistant", "content": sample.text}]}

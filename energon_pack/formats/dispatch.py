@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from energon_pack.errors import UsageError
-from energon_pack.formats import qwen_chat
+from energon_pack.formats import energon_webdataset, qwen_chat
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +88,18 @@ FORMATS: tuple[DatasetFormat, ...] = (
         recognises=qwen_chat.is_our_dataset_config,
         reader="energon_pack.formats.qwen_chat:QwenVLChatWebdataset",
         how_read=qwen_chat.HOW_READ,
+    ),
+    DatasetFormat(
+        name="energon-sample-type",
+        recognises=energon_webdataset.is_sample_type_config,
+        reader="energon_pack.formats.energon_webdataset:EnergonSampleWebdataset",
+        how_read=energon_webdataset.HOW_READ_SAMPLE_TYPE,
+    ),
+    DatasetFormat(
+        name="energon-crude",
+        recognises=energon_webdataset.is_crude_config,
+        reader="energon_pack.formats.energon_webdataset:CookedWebdataset",
+        how_read=energon_webdataset.HOW_READ_CRUDE,
     ),
 )
 _USER_FORMATS: list[DatasetFormat] = []

@@ -53,17 +53,18 @@ def _class_name(config: Mapping[str, Any]) -> Optional[str]:
 
 def is_sample_type_config(config: Mapping[str, Any]) -> bool:
     """Whether a dataset.yaml describes a ``sample_type`` dataset (read by Energon's standard
-    factory) other than ours.
+    factory) that we read: one of Energon's sample types, or any type while the loader has a sample
+    mapping (``formats.sample_mapping``; a type of the user's own is imported only then).
 
     Example: ``{"sample_type": {"__module__": "megatron.energon", "__class__": "VQASample"},
     "field_map": {...}}`` -> True; ``{"__module__": "energon_pack", "__class__": "QwenVLChatWebdataset"}`` -> False.
     """
     block = config.get("sample_type")
-    return (
-        _class_name(config) is None
-        and isinstance(block, Mapping)
-        and block.get("__class__") not in (None, QwenVLChatSample.__name__)
-    )
+    if _class_name(config) is not None or not isinstance(block, Mapping) or block.get("__class__") in (
+        None, QwenVLChatSample.__name__
+    ):
+        return False
+    return str(block.get("__module__", "")).startswith(ENERGON_MODULE) or current_loader_mapping() is not None
 
 
 def is_crude_config(config: Mapping[str, Any]) -> bool:

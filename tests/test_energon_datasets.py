@@ -1,0 +1,127 @@
+"""Datasets of Energon's built-in sample types and crude datasets, written as Energon's users write
+them (``energon prepare``), read in place by ``get_packing_loader`` (docs/foreign_datasets.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from energon_pack import PackingConfig, get_packing_loader
+from energon_pack.formats.energon_types import DESCRIBE_IMAGE
+from energon_pack.formats.sample_mapping import SampleMappingError
+from tests.energon_datasets import energon_prepare, make_captioning_dataset, make_type_dataset, make_vqa_dataset, write_shards
+from tests.hf_reference import hf_reference
+
+ENERGON_TYPES = (
+    "CaptioningSample", "VQASample", "VidQASample", "MultiChoiceVQASample",
+    "OCRSample", "TextSample", "InterleavedSample", "SimilarityInterleavedSample",
+)
+
+
+def _config(**overrides) -> PackingConfig:
+    return PackingConfig(**{"seq_length": 4096, "num_workers": 0, "repeat": False, **overrides})
+
+
+def _rows(path, processor, **kwargs) -> tuple[list[dict], dict]:
+    with get_packing_loader(path, kwargs.pop("config", _config()), processor, **kwargs) as loader:
+        rows = list(loader)
+        return rows, loader.stats()
+
+
+def _keys(rows: list[dict]) -> list[str]:
+    return sorted(key for row in rows for key in row["__keys__"])
+
+
+@pytest.fixture(scope="module")
+def type_datasets(tmp_path_factory) -> dict[str, tuple[Path, list[dict]]]:
+    root = tmp_path_factory.mktemp("energon_types")
+    return {name: (root / name, make_type_dataset(root / name, name)) for name in ENERGON_TYPES}
+
+
+@pytest.mark.parametrize("sample_type", ENERGON_TYPES)
+def test_each_builtin_sample_type_loads_with_its_default(type_datasets, processor, sample_type):
+    path, samples = type_datasets[sample_type]
+    rows, stats = _rows(path, processor)
+    assert _keys(rows) == sorted(sample["__key__"] for sample in samples)
+    assert stats["skipped"] == {}
+    trained = processor.tokenizer.decode(rows[0]["input_ids"][0][rows[0]["loss_mask"][0] > 0])
+    assert trained.strip(), f"{sample_type}: nothing trained"
+
+
+def _single_rows(path, processor) -> dict[str, dict]:
+    """One row per sample (``max_segments=1``), float32 pixels, by key."""
+    rows, stats = _rows(path, processor, config=_config(max_segments=1, pixel_dtype="float32"))
+    assert stats["skipped"] == {}
+    return {row["__keys__"][0]: row for row in rows}
+
+
+def _assert_row_equals_hf(row: dict, reference) -> None:
+    length = int(row["cu_seqlens_q"][1])
+    assert torch.equal(row["input_ids"][0, :length], reference["input_ids"][0])
+    visual = row["visual_inputs"]
+    assert torch.equal(visual.image_grid_thw, reference["image_grid_thw"])
+    assert torch.allclose(visual.pixel_values, reference["pixel_values"], atol=1e-6)
+
+
+def _user_image_turns(prompt: str, answer: str) -> list[dict]:
+    """The documented conversation, written out here independently of the code under test."""
+    return [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]},
+        {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+    ]
+
+
+def test_captioning_rows_equal_the_hf_processor_on_the_documented_conversation(tmp_path, processor):
+    samples = make_captioning_dataset(tmp_path / "cap", 4)
+    rows = _single_rows(tmp_path / "cap", processor)
+    for sample in samples:
+        messages = _user_image_turns("Describe the image.", sample["txt"])
+        _assert_row_equals_hf(rows[sample["__key__"]], hf_reference(processor, messages, [sample["jpg"]], []))
+    assert DESCRIBE_IMAGE == "Describe the image."
+
+
+def test_vqa_rows_equal_the_hf_processor_with_the_highest_weighted_answer(tmp_path, processor):
+    samples = make_vqa_dataset(tmp_path / "vqa", 4)
+    rows = _single_rows(tmp_path / "vqa", processor)
+    for sample in samples:
+        qa = sample["json"]
+        weights = qa["weights"]
+        answer = qa["answers"][weights.index(max(weights))]  # the first of the highest
+        messages = _user_image_turns(qa["question"], answer)
+        _assert_row_equals_hf(rows[sample["__key__"]], hf_reference(processor, messages, [sample["jpg"]], []))
+
+
+def test_a_user_mapping_replaces_the_default_and_enters_the_fingerprint(type_datasets, processor):
+    path, samples = type_datasets["CaptioningSample"]
+
+    def caption_as_title(sample):
+        return {"conversation": [{"role": "user", "content": "<image>Title?"},
+                                 {"role": "assistant", "content": sample.caption.upper()}],
+                "images": [sample.image]}
+
+    with get_packing_loader(path, _config(), processor, sample_mapping=caption_as_title) as loader:
+        rows = list(loader)
+        assert loader.fingerprint["sample_mapping"].endswith(":test_a_user_mapping_replaces_the_default_and_enters_the_fingerprint.<locals>.caption_as_title")
+    text = processor.tokenizer.decode(rows[0]["input_ids"][0])
+    assert "Title?" in text and samples[0]["txt"].upper() in text and "Describe the image." not in text
+    with get_packing_loader(path, _config(), processor) as plain:
+        assert "sample_mapping" not in plain.fingerprint
+
+
+def test_a_mapping_named_in_the_config_is_imported(type_datasets, processor):
+    path, _ = type_datasets["TextSample"]
+    rows, _ = _rows(path, processor, config=_config(sample_mapping="tests.energon_datasets:text_as_question"))
+    assert "Repeat after me" in processor.tokenizer.decode(rows[0]["input_ids"][0])
+    with pytest.raises(SampleMappingError, match="no_such_module"):
+        get_packing_loader(path, _config(sample_mapping="no_such_module:f"), processor)
+
+
+def test_an_unmappable_energon_type_is_refused_at_start_in_one_line(tmp_path, processor):
+    write_shards(tmp_path / "cls", [{"__key__": "a", "jpg": b"x", "cls": "3"}])
+    energon_prepare(tmp_path / "cls", sample_type="ImageClassificationSample", field_map={"image": "jpg", "label": "cls"})
+    with pytest.raises(SampleMappingError) as caught:
+        get_packing_loader(tmp_path / "cls", _config(), processor)
+    message = str(caught.value)
+    assert "\n" not in message and "ImageClassificationSample" in message and "fix: write a function" in message

@@ -202,3 +202,26 @@ def make_type_dataset(root: Path, sample_type: str, *, n: int = 2) -> list[dict[
 def text_as_question(sample: Any) -> dict[str, Any]:
     """A user's mapping (named in a config as ``tests.energon_datasets:text_as_question``)."""
     return {"conversation": [{"role": "user", "content": "Repeat after me."}, {"role": "assistant", "content": sample.text}]}
+
+
+def qa_crude_samples(n: int, *, seed: int = 800) -> list[dict[str, Any]]:
+    """``n`` crude samples: ``jpg`` + ``json`` holding ``{"q": ..., "a": ...}``."""
+    return [{"__key__": f"crude{i:03d}", "jpg": small_jpeg(seed + i), "json": {"q": f"Shade {i}?", "a": f"Shade {i}."}}
+            for i in range(n)]
+
+
+def make_crude_dataset(root: Path, n: int = 4) -> list[dict[str, Any]]:
+    """A ``CrudeWebdataset`` (``energon prepare --sample-type CrudeWebdataset``); returns its samples."""
+    samples = qa_crude_samples(n)
+    write_shards(root, samples)
+    energon_prepare(root, sample_type="CrudeWebdataset")
+    return samples
+
+
+def cook_qa(crude: dict) -> dict[str, Any]:
+    """A user's cooker for ``make_crude_dataset``: the crude sample's members -> our record form."""
+    qa = crude["json"]
+    return {
+        "conversation": [{"role": "user", "content": "<image>" + qa["q"]}, {"role": "assistant", "content": qa["a"]}],
+        "images": [crude["jpg"]],
+    }

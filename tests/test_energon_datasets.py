@@ -11,7 +11,19 @@ import torch
 from energon_pack import PackingConfig, get_packing_loader
 from energon_pack.formats.energon_types import DESCRIBE_IMAGE
 from energon_pack.formats.sample_mapping import SampleMappingError
-from tests.energon_datasets import energon_prepare, make_captioning_dataset, make_type_dataset, make_vqa_dataset, write_shards
+from tests.energon_datasets import (
+    VQA_SAMPLE_LOADER,
+    captioning_samples,
+    cook_qa,
+    energon_prepare,
+    make_captioning_dataset,
+    make_crude_dataset,
+    make_type_dataset,
+    make_vqa_dataset,
+    qa_crude_samples,
+    vqa_samples,
+    write_shards,
+)
 from tests.hf_reference import hf_reference
 
 ENERGON_TYPES = (
@@ -125,3 +137,93 @@ def test_an_unmappable_energon_type_is_refused_at_start_in_one_line(tmp_path, pr
         get_packing_loader(tmp_path / "cls", _config(), processor)
     message = str(caught.value)
     assert "\n" not in message and "ImageClassificationSample" in message and "fix: write a function" in message
+
+
+def test_a_config_sample_mapping_must_name_module_and_function():
+    with pytest.raises(ValueError, match="sample_mapping='my_pkg.maps': must be 'module:function'"):
+        _config(sample_mapping="my_pkg.maps")
+
+
+# --- crude datasets ---------------------------------------------------------------------------
+
+
+def test_a_crude_dataset_loads_with_the_users_cooker(tmp_path, processor):
+    samples = make_crude_dataset(tmp_path / "crude")
+    rows, stats = _rows(tmp_path / "crude", processor, config=_config(max_segments=1, pixel_dtype="float32"),
+                        sample_mapping="tests.energon_datasets:cook_qa")
+    assert stats["skipped"] == {} and _keys(rows) == sorted(s["__key__"] for s in samples)
+    by_key = {row["__keys__"][0]: row for row in rows}
+    for sample in samples:
+        messages = _user_image_turns(sample["json"]["q"], sample["json"]["a"])
+        _assert_row_equals_hf(by_key[sample["__key__"]], hf_reference(processor, messages, [sample["jpg"]], []))
+
+
+def test_a_crude_dataset_without_a_cooker_is_refused_at_start(tmp_path, processor):
+    make_crude_dataset(tmp_path / "crude", 1)
+    with pytest.raises(SampleMappingError) as caught:
+        get_packing_loader(tmp_path / "crude", _config(), processor)
+    assert "\n" not in str(caught.value) and "CrudeWebdataset" in str(caught.value)
+
+
+# --- lost samples are counted -------------------------------------------------------------------
+
+
+def test_every_lost_foreign_sample_is_counted_by_reason(tmp_path, processor):
+    captions = captioning_samples(3)
+    captions[1]["txt"] = b"\xff\xfe not UTF-8"
+    write_shards(tmp_path / "cap", captions)
+    energon_prepare(tmp_path / "cap", sample_type="CaptioningSample", field_map={"image": "jpg", "caption": "txt"})
+    questions = vqa_samples(3)
+    del questions[0]["json"]["answers"]  # the dataset's own sample loader fails on it
+    questions[2]["json"]["answers"] = []  # nothing to train on
+    write_shards(tmp_path / "vqa", questions)
+    energon_prepare(tmp_path / "vqa", sample_type="VQASample", sample_loader=VQA_SAMPLE_LOADER)
+    crude = qa_crude_samples(2)
+    crude[0]["json"] = {"q": "no answer"}  # the cooker raises KeyError
+    write_shards(tmp_path / "crude", crude)
+    energon_prepare(tmp_path / "crude", sample_type="CrudeWebdataset")
+
+    rows, stats = _rows(tmp_path / "cap", processor)
+    assert _keys(rows) == ["cap000", "cap002"] and stats["skipped"] == {"non_utf8_text": 1}
+    rows, stats = _rows(tmp_path / "vqa", processor)
+    assert _keys(rows) == ["vqa001"] and stats["skipped"] == {"malformed_sample": 1, "no_assistant_turn": 1}
+    rows, stats = _rows(tmp_path / "crude", processor, sample_mapping=cook_qa)
+    assert _keys(rows) == ["crude001"] and stats["skipped"] == {"sample_mapping_error": 1}
+
+
+# --- metadatasets -------------------------------------------------------------------------------
+
+BLEND_YAML = """\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend_epochized:
+      - repetitions: 1
+        path: ./ours/dataset
+        subflavors: {source: ours}
+      - repetitions: 1
+        path: ./captions
+        subflavors: {source: captions}
+      - repetitions: 1
+        path: ./crude
+        subflavors: {source: crude, sample_mapping: "tests.energon_datasets:cook_qa"}
+"""
+
+
+def test_a_metadataset_blends_ours_captions_and_crude_in_one_loader(tmp_path, processor):
+    from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
+
+    spec = SyntheticSpec(max_image_side=96, max_video_seconds=1.0, max_video_side=32)
+    ours = make_synthetic_dataset(tmp_path / "ours", 6, seed=5, spec=spec, samples_per_shard=6)
+    captions = make_captioning_dataset(tmp_path / "captions", 4)
+    crude = make_crude_dataset(tmp_path / "crude", 3)
+    (tmp_path / "blend.yaml").write_text(BLEND_YAML, encoding="utf-8")
+
+    rows, stats = _rows(tmp_path / "blend.yaml", processor, config=_config(buffer_size=4))
+    sources = {key: flavors["source"] for row in rows for key, flavors in zip(row["__keys__"], row["__subflavors__"])}
+    assert all(len(row["__keys__"]) == len(row["__subflavors__"]) for row in rows)
+    expected = {**{s["__key__"]: "captions" for s in captions}, **{s["__key__"]: "crude" for s in crude}}
+    assert {key: source for key, source in sources.items() if source != "ours"} == expected
+    assert sum(source == "ours" for source in sources.values()) + stats["skipped_total"] == ours.written
+    assert stats["samples_in"] == ours.written + len(captions) + len(crude)

@@ -225,3 +225,9 @@ def cook_qa(crude: dict) -> dict[str, Any]:
         "conversation": [{"role": "user", "content": "<image>" + qa["q"]}, {"role": "assistant", "content": qa["a"]}],
         "images": [crude["jpg"]],
     }
+
+
+def caption_as_question(sample: Any) -> dict[str, Any]:
+    """A user's mapping of a ``CaptioningSample``: the caption answers a question."""
+    return {"conversation": [{"role": "user", "content": "<image>What is shown?"},
+                             {"role": "assistant", "content": sample.caption}], "images": [sample.image]}

@@ -3,6 +3,7 @@ them (``energon prepare``), read in place by ``get_packing_loader`` (docs/foreig
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from energon_pack import PackingConfig, get_packing_loader
 from energon_pack.formats.energon_types import DESCRIBE_IMAGE
 from energon_pack.formats.sample_mapping import SampleMappingError
+from energon_pack.identity import ResumeMismatchError
 from tests.energon_datasets import (
     VQA_SAMPLE_LOADER,
     captioning_samples,
@@ -227,3 +229,73 @@ def test_a_metadataset_blends_ours_captions_and_crude_in_one_loader(tmp_path, pr
     assert {key: source for key, source in sources.items() if source != "ours"} == expected
     assert sum(source == "ours" for source in sources.values()) + stats["skipped_total"] == ours.written
     assert stats["samples_in"] == ours.written + len(captions) + len(crude)
+
+
+# --- exact resume -----------------------------------------------------------------------------
+
+FOREIGN_BLEND_YAML = """\
+__module__: megatron.energon
+__class__: MetadatasetV2
+splits:
+  train:
+    blend_epochized:
+      - repetitions: 1
+        path: ./captions
+      - repetitions: 1
+        path: ./vqa
+      - repetitions: 1
+        path: ./crude
+        subflavors: {sample_mapping: "tests.energon_datasets:cook_qa"}
+"""
+
+
+@pytest.fixture(scope="module")
+def foreign_blend(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("foreign_blend")
+    make_captioning_dataset(root / "captions", 10)
+    make_vqa_dataset(root / "vqa", 8)
+    make_crude_dataset(root / "crude", 6)
+    (root / "blend.yaml").write_text(FOREIGN_BLEND_YAML, encoding="utf-8")
+    return root / "blend.yaml"
+
+
+@pytest.mark.slow
+def test_exact_resume_on_foreign_datasets_with_two_workers(foreign_blend, processor):
+    from tests.test_loader_resume import row_digest
+
+    config = _config(seq_length=256, buffer_size=4, max_wait_rounds=3, num_workers=2)
+    eager = dict(checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
+    with get_packing_loader(foreign_blend, config, processor, **eager) as loader:
+        reference = [row_digest(row) for row in loader]
+        assert loader.stats()["skipped"] == {}
+    assert len({key for keys, _ in reference for key in keys}) == 10 + 8 + 6 and len(reference) >= 4
+    for save_after in (1, len(reference) // 2, len(reference) - 1):
+        with get_packing_loader(foreign_blend, config, processor, **eager) as loader:
+            iterator = iter(loader)
+            for _ in range(save_after):
+                next(iterator)
+            state = pickle.loads(pickle.dumps(loader.save_state_rank()))
+            del iterator
+        with get_packing_loader(foreign_blend, config, processor, **eager) as resumed:
+            resumed.restore_state_rank(state)
+            assert [row_digest(row) for row in resumed] == reference[save_after:], f"save after row {save_after}"
+
+
+def test_a_state_saved_under_one_mapping_does_not_resume_under_another(type_datasets, processor):
+    path, _ = type_datasets["CaptioningSample"]
+    with get_packing_loader(path, _config(), processor, sample_mapping="tests.energon_datasets:caption_as_question") as loader:
+        next(iter(loader))
+        state = loader.save_state_rank()
+    for other in ({}, {"sample_mapping": "tests.energon_datasets:text_as_question"}):
+        with get_packing_loader(path, _config(), processor, **other) as resumed:
+            with pytest.raises(ResumeMismatchError, match="sample_mapping"):
+                resumed.restore_state_rank(state)
+
+
+def test_a_foreign_row_is_rebuilt_from_its_restore_key(type_datasets, processor):
+    path, _ = type_datasets["VQASample"]
+    with get_packing_loader(path, _config(), processor) as loader:
+        rows = list(loader)
+        from tests.test_loader_resume import row_digest
+
+        assert row_digest(loader.restore_sample(rows[0]["__restore_key__"])) == row_digest(rows[0])

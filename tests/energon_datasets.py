@@ -231,3 +231,12 @@ def caption_as_question(sample: Any) -> dict[str, Any]:
     """A user's mapping of a ``CaptioningSample``: the caption answers a question."""
     return {"conversation": [{"role": "user", "content": "<image>What is shown?"},
                              {"role": "assistant", "content": sample.caption}], "images": [sample.image]}
+
+
+def epochized_blend(*entries: tuple[str, dict[str, Any] | None]) -> str:
+    """An Energon metadataset (YAML text) reading each ``(path, subflavors)`` once per epoch."""
+    import yaml
+
+    blend = [{"repetitions": 1, "path": path, **({"subflavors": flavors} if flavors else {})} for path, flavors in entries]
+    return yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2",
+                           "splits": {"train": {"blend_epochized": blend}}}, sort_keys=False)

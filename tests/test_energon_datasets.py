@@ -18,6 +18,7 @@ from tests.energon_datasets import (
     captioning_samples,
     cook_qa,
     energon_prepare,
+    epochized_blend,
     make_captioning_dataset,
     make_crude_dataset,
     make_type_dataset,
@@ -195,23 +196,6 @@ def test_every_lost_foreign_sample_is_counted_by_reason(tmp_path, processor):
 
 # --- metadatasets -------------------------------------------------------------------------------
 
-BLEND_YAML = """\
-__module__: megatron.energon
-__class__: MetadatasetV2
-splits:
-  train:
-    blend_epochized:
-      - repetitions: 1
-        path: ./ours/dataset
-        subflavors: {source: ours}
-      - repetitions: 1
-        path: ./captions
-        subflavors: {source: captions}
-      - repetitions: 1
-        path: ./crude
-        subflavors: {source: crude, sample_mapping: "tests.energon_datasets:cook_qa"}
-"""
-
 
 def test_a_metadataset_blends_ours_captions_and_crude_in_one_loader(tmp_path, processor):
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
@@ -220,7 +204,11 @@ def test_a_metadataset_blends_ours_captions_and_crude_in_one_loader(tmp_path, pr
     ours = make_synthetic_dataset(tmp_path / "ours", 6, seed=5, spec=spec, samples_per_shard=6)
     captions = make_captioning_dataset(tmp_path / "captions", 4)
     crude = make_crude_dataset(tmp_path / "crude", 3)
-    (tmp_path / "blend.yaml").write_text(BLEND_YAML, encoding="utf-8")
+    (tmp_path / "blend.yaml").write_text(epochized_blend(
+        ("./ours/dataset", {"source": "ours"}),
+        ("./captions", {"source": "captions"}),
+        ("./crude", {"source": "crude", "sample_mapping": "tests.energon_datasets:cook_qa"}),
+    ), encoding="utf-8")
 
     rows, stats = _rows(tmp_path / "blend.yaml", processor, config=_config(buffer_size=4))
     sources = {key: flavors["source"] for row in rows for key, flavors in zip(row["__keys__"], row["__subflavors__"])}
@@ -233,21 +221,6 @@ def test_a_metadataset_blends_ours_captions_and_crude_in_one_loader(tmp_path, pr
 
 # --- exact resume -----------------------------------------------------------------------------
 
-FOREIGN_BLEND_YAML = """\
-__module__: megatron.energon
-__class__: MetadatasetV2
-splits:
-  train:
-    blend_epochized:
-      - repetitions: 1
-        path: ./captions
-      - repetitions: 1
-        path: ./vqa
-      - repetitions: 1
-        path: ./crude
-        subflavors: {sample_mapping: "tests.energon_datasets:cook_qa"}
-"""
-
 
 @pytest.fixture(scope="module")
 def foreign_blend(tmp_path_factory) -> Path:
@@ -255,7 +228,9 @@ def foreign_blend(tmp_path_factory) -> Path:
     make_captioning_dataset(root / "captions", 10)
     make_vqa_dataset(root / "vqa", 8)
     make_crude_dataset(root / "crude", 6)
-    (root / "blend.yaml").write_text(FOREIGN_BLEND_YAML, encoding="utf-8")
+    (root / "blend.yaml").write_text(epochized_blend(
+        ("./captions", None), ("./vqa", None), ("./crude", {"sample_mapping": "tests.energon_datasets:cook_qa"})
+    ), encoding="utf-8")
     return root / "blend.yaml"
 
 

@@ -72,9 +72,14 @@ def _single_rows(path, processor) -> dict[str, dict]:
     return {row["__keys__"][0]: row for row in rows}
 
 
-def _assert_row_equals_hf(row: dict, reference) -> None:
+def _assert_row_equals_hf(row: dict, reference, *, processor=None, answer: str | None = None) -> None:
+    """Ids, grids and pixels of the row's first segment equal the HF processor's; with ``answer``,
+    the targets carrying loss are the answer's tokens and ``<|im_end|>``."""
     length = int(row["cu_seqlens_q"][1])
     assert torch.equal(row["input_ids"][0, :length], reference["input_ids"][0])
+    if answer is not None:
+        trained = row["labels"][0, :length][row["loss_mask"][0, :length] > 0]
+        assert processor.tokenizer.decode(trained) == answer + "<|im_end|>"
     visual = row["visual_inputs"]
     assert torch.equal(visual.image_grid_thw, reference["image_grid_thw"])
     assert torch.allclose(visual.pixel_values, reference["pixel_values"], atol=1e-6)
@@ -93,7 +98,8 @@ def test_captioning_rows_equal_the_hf_processor_on_the_documented_conversation(t
     rows = _single_rows(tmp_path / "cap", processor)
     for sample in samples:
         messages = _user_image_turns("Describe the image.", sample["txt"])
-        _assert_row_equals_hf(rows[sample["__key__"]], hf_reference(processor, messages, [sample["jpg"]], []))
+        reference = hf_reference(processor, messages, [sample["jpg"]], [])
+        _assert_row_equals_hf(rows[sample["__key__"]], reference, processor=processor, answer=sample["txt"])
     assert DESCRIBE_IMAGE == "Describe the image."
 
 
@@ -105,7 +111,8 @@ def test_vqa_rows_equal_the_hf_processor_with_the_highest_weighted_answer(tmp_pa
         weights = qa["weights"]
         answer = qa["answers"][weights.index(max(weights))]  # the first of the highest
         messages = _user_image_turns(qa["question"], answer)
-        _assert_row_equals_hf(rows[sample["__key__"]], hf_reference(processor, messages, [sample["jpg"]], []))
+        reference = hf_reference(processor, messages, [sample["jpg"]], [])
+        _assert_row_equals_hf(rows[sample["__key__"]], reference, processor=processor, answer=answer)
 
 
 def test_a_user_mapping_replaces_the_default_and_enters_the_fingerprint(type_datasets, processor):

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from energon_pack.errors import UsageError
-from energon_pack.formats import energon_webdataset, qwen_chat
+from energon_pack.formats import bridge_chatml, energon_webdataset, qwen_chat
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +88,12 @@ FORMATS: tuple[DatasetFormat, ...] = (
         recognises=qwen_chat.is_our_dataset_config,
         reader="energon_pack.formats.qwen_chat:QwenVLChatWebdataset",
         how_read=qwen_chat.HOW_READ,
+    ),
+    DatasetFormat(
+        name="megatron-bridge-chatml",
+        recognises=bridge_chatml.is_bridge_dataset_config,
+        reader="energon_pack.formats.bridge_chatml:BridgeChatMLWebdataset",
+        how_read=bridge_chatml.HOW_READ,
     ),
     DatasetFormat(
         name="energon-sample-type",

@@ -204,15 +204,19 @@ def test_every_lost_foreign_sample_is_counted_by_reason(tmp_path, processor):
 # --- metadatasets -------------------------------------------------------------------------------
 
 
-def test_a_metadataset_blends_ours_captions_and_crude_in_one_loader(tmp_path, processor):
+def test_a_metadataset_blends_ours_bridge_captions_and_crude_in_one_loader(tmp_path, processor):
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
+    from tests.bridge_datasets import TUTORIAL_YAML, tutorial_samples, write_bridge_dataset
 
     spec = SyntheticSpec(max_image_side=96, max_video_seconds=1.0, max_video_side=32)
     ours = make_synthetic_dataset(tmp_path / "ours", 6, seed=5, spec=spec, samples_per_shard=6)
+    bridge = tutorial_samples()
+    write_bridge_dataset(tmp_path / "bridge", bridge, TUTORIAL_YAML)
     captions = make_captioning_dataset(tmp_path / "captions", 4)
     crude = make_crude_dataset(tmp_path / "crude", 3)
     (tmp_path / "blend.yaml").write_text(epochized_blend(
         ("./ours/dataset", {"source": "ours"}),
+        ("./bridge", {"source": "bridge"}),
         ("./captions", {"source": "captions"}),
         ("./crude", {"source": "crude", "sample_mapping": "tests.energon_datasets:cook_qa"}),
     ), encoding="utf-8")
@@ -220,10 +224,11 @@ def test_a_metadataset_blends_ours_captions_and_crude_in_one_loader(tmp_path, pr
     rows, stats = _rows(tmp_path / "blend.yaml", processor, config=_config(buffer_size=4))
     sources = {key: flavors["source"] for row in rows for key, flavors in zip(row["__keys__"], row["__subflavors__"])}
     assert all(len(row["__keys__"]) == len(row["__subflavors__"]) for row in rows)
-    expected = {**{s["__key__"]: "captions" for s in captions}, **{s["__key__"]: "crude" for s in crude}}
+    expected = {**{s["__key__"]: "bridge" for s in bridge}, **{s["__key__"]: "captions" for s in captions},
+                **{s["__key__"]: "crude" for s in crude}}
     assert {key: source for key, source in sources.items() if source != "ours"} == expected
     assert sum(source == "ours" for source in sources.values()) + stats["skipped_total"] == ours.written
-    assert stats["samples_in"] == ours.written + len(captions) + len(crude)
+    assert stats["samples_in"] == ours.written + len(bridge) + len(captions) + len(crude)
 
 
 # --- exact resume -----------------------------------------------------------------------------

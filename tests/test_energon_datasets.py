@@ -286,3 +286,22 @@ def test_a_foreign_row_is_rebuilt_from_its_restore_key(type_datasets, processor)
         from tests.test_loader_resume import row_digest
 
         assert row_digest(loader.restore_sample(rows[0]["__restore_key__"])) == row_digest(rows[0])
+
+
+@pytest.mark.parametrize("sample_type", ["CaptioningSample", "VQASample"])
+def test_a_dataset_yaml_naming_a_deprecated_class_reads_as_its_sample_type(type_datasets, tmp_path, processor, sample_type):
+    import shutil
+
+    import yaml
+
+    source, samples = type_datasets[sample_type]
+    path = Path(shutil.copytree(source, tmp_path / "old"))
+    meta = path / ".nv-meta" / "dataset.yaml"
+    config = yaml.safe_load(meta.read_text(encoding="utf-8"))
+    del config["sample_type"]
+    deprecated = {"CaptioningSample": "CaptioningWebdataset", "VQASample": "VQAWebdataset"}[sample_type]
+    meta.write_text(yaml.safe_dump({"__module__": "megatron.energon", "__class__": deprecated, **config}), encoding="utf-8")
+    old_rows, old_stats = _rows(path, processor)
+    new_rows, _ = _rows(source, processor)
+    assert old_stats["skipped"] == {} and _keys(old_rows) == sorted(s["__key__"] for s in samples)
+    assert [row["input_ids"].tolist() for row in old_rows] == [row["input_ids"].tolist() for row in new_rows]

@@ -35,6 +35,7 @@ task_encoder_utils", "__class__": "ChatMLWebdataset", "field_map": {...}})`` ->
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,15 @@ FORMATS: tuple[DatasetFormat, ...] = (
         recognises=energon_webdataset.is_sample_type_config,
         reader="energon_pack.formats.energon_webdataset:EnergonSampleWebdataset",
         how_read=energon_webdataset.HOW_READ_SAMPLE_TYPE,
+    ),
+    *(
+        DatasetFormat(
+            name=f"energon-{name}",
+            recognises=functools.partial(energon_webdataset.names_deprecated_class, name),
+            reader=f"energon_pack.formats.energon_webdataset:Deprecated{name}",
+            how_read=energon_webdataset.HOW_READ_SAMPLE_TYPE,
+        )
+        for name in energon_webdataset.DEPRECATED_CLASSES
     ),
     DatasetFormat(
         name="energon-crude",

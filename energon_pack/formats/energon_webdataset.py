@@ -34,6 +34,18 @@ from energon_pack.formats.sample_mapping import current_loader_mapping, dataset_
 
 #: Energon's module, as dataset.yaml files name it.
 ENERGON_MODULE = "megatron.energon"
+#: Energon's deprecated per-type dataset classes (a dataset.yaml's ``__class__`` before the
+#: ``sample_type`` block existed) -> the sample type each reads; each has a reader ``Deprecated<Class>``.
+DEPRECATED_CLASSES = {
+    "CaptioningWebdataset": "CaptioningSample",
+    "VQAWebdataset": "VQASample",
+    "VidQAWebdataset": "VidQASample",
+    "MultiChoiceVQAWebdataset": "MultiChoiceVQASample",
+    "OCRWebdataset": "OCRSample",
+    "TextWebdataset": "TextSample",
+    "InterleavedWebdataset": "InterleavedSample",
+    "SimilarityInterleavedWebdataset": "SimilarityInterleavedSample",
+}
 #: Class names dataset.yaml may give Energon's crude dataset.
 CRUDE_CLASSES = ("megatron.energon.CrudeWebdataset", "megatron.energon.flavors.crude.CrudeWebdataset")
 
@@ -65,6 +77,15 @@ def is_sample_type_config(config: Mapping[str, Any]) -> bool:
     ):
         return False
     return str(block.get("__module__", "")).startswith(ENERGON_MODULE) or current_loader_mapping() is not None
+
+
+def names_deprecated_class(name: str, config: Mapping[str, Any]) -> bool:
+    """Whether a dataset.yaml names Energon's deprecated class ``name`` (under any module of Energon's).
+
+    Example: ``("CaptioningWebdataset", {"__module__": "megatron.energon", "__class__": "CaptioningWebdataset",
+    "field_map": {...}})`` -> True.
+    """
+    return config.get("__class__") == name and str(config.get("__module__", "")).startswith(ENERGON_MODULE)
 
 
 def is_crude_config(config: Mapping[str, Any]) -> bool:
@@ -152,6 +173,25 @@ class EnergonSampleWebdataset(_MappedWebdataset):
 
     def load_sample(self, sample: Any) -> QwenVLChatSample:
         return self._chat_sample(sample, lambda parts: self.energon_sample_type(**self._sample_loader(parts)))
+
+
+class DeprecatedClassWebdataset(EnergonSampleWebdataset):
+    """Reader of a dataset.yaml naming one of Energon's deprecated per-type classes (e.g.
+    ``CaptioningWebdataset`` with a ``field_map``): one subclass per class fixes the sample type."""
+
+    #: The Energon sample type (a name in ``megatron.energon``) the deprecated class reads.
+    deprecated_sample_type: str
+
+    def __init__(self, path: Any, **kwargs: Any) -> None:
+        import megatron.energon
+
+        super().__init__(path, sample_type=getattr(megatron.energon, self.deprecated_sample_type), **kwargs)
+
+
+for _class, _sample_type in DEPRECATED_CLASSES.items():
+    globals()[f"Deprecated{_class}"] = type(
+        f"Deprecated{_class}", (DeprecatedClassWebdataset,), {"deprecated_sample_type": _sample_type, "__module__": __name__}
+    )
 
 
 class CookedWebdataset(_MappedWebdataset):

@@ -292,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--measure", action="store_true",
         help="preencode every sample even where prepare's facts are present and fresh (default: read fresh facts)",
     )
+    plan.add_argument(
+        "--facts-dir", type=Path, default=None,
+        help="folder where the facts of a dataset read in place (not written by energon-pack prepare) are kept "
+        "and reused; nothing is written into such a dataset (default: the folder of --out)",
+    )
     plan.set_defaults(func=_cmd_plan)
 
     inspect = command("inspect", "summarise a prepared dataset: samples, media, token lengths, bad samples")

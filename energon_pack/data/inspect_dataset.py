@@ -118,8 +118,51 @@ def summarize_with_source(
     return rows, source
 
 
+def render_conversation(messages: list[dict[str, Any]]) -> list[str]:
+    """Typed messages as one line per message, media parts as ``[image]`` / ``[video]``.
+
+    Example: ``[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]``
+    -> ``["  user: [image] Hi"]``.
+    """
+    lines = []
+    for message in messages:
+        parts = [part["text"] if part["type"] == "text" else f"[{part['type']}]" for part in message["content"]]
+        lines.append(f"  {message['role']}: " + " ".join(parts).replace("\n", "\\n"))
+    return lines
+
+
+def format_lines(dataset: str | Path, *, split: str = "train") -> list[str]:
+    """For a dataset read in place (not written by ``energon-pack prepare``): what it is, how it
+    is read (``formats.dispatch.describe_format``) and its first sample as a conversation; for ours
+    and for metadatasets, nothing."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    from energon_pack.formats.dispatch import describe_format, read_dataset_yaml
+    from energon_pack.plan.build import read_in_place
+    from energon_pack.runtime.pinning import pin_only_with_accelerator
+
+    if not read_in_place(dataset):
+        return []
+    lines = describe_format(read_dataset_yaml(dataset), dataset=dataset)
+    with reading_formats():
+        samples = get_val_dataset(
+            dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None
+        )
+    for sample in pin_only_with_accelerator(get_loader(samples)):
+        if sample.invalid_reason is not None:
+            lines.append(f"first sample ({sample.__key__}): skipped, {sample.invalid_reason}: {sample.invalid_detail}")
+        else:
+            media = f"{len(sample.images)} image(s), {len(sample.videos)} video(s)"
+            lines += [f"first sample ({sample.__key__}, {media}) as a conversation:", *render_conversation(sample.conversation)]
+        break
+    return lines
+
+
 def run_inspect(dataset: Path, *, split: str = "train", limit: int | None = None) -> int:
-    """Print the dataset summary table."""
+    """Print what a dataset read in place is (:func:`format_lines`), then the dataset summary table."""
+    check_dataset_path(dataset, split=split)
+    for line in format_lines(dataset, split=split):
+        print(line)
     rows, source = summarize_with_source(dataset, split=split, limit=limit)
     print(format_table(rows))
     print(source)

@@ -161,6 +161,26 @@ def read_dataset_yaml(dataset: Any, dataset_config: str = "dataset.yaml") -> dic
         return dict(load_yaml(stream) or {})
 
 
+def describe_format(config: Mapping[str, Any], *, dataset: Any = "dataset") -> list[str]:
+    """What a dataset.yaml mapping is and how it will be read, as ``energon-pack inspect`` prints it.
+
+    Example: a Bridge dataset.yaml -> ``["format: megatron-bridge-chatml", "dataset class:
+    megatron.bridge.data.energon.task_encoder_utils.ChatMLWebdataset (not imported)",
+    "field map: imgs: jpgs, conversation: json", "read as: ..."]``.
+    """
+    dataset_format = format_of(config, dataset=dataset)
+    lines = [f"format: {dataset_format.name}"]
+    if dataset_class_name(config):
+        lines.append(f"dataset class: {dataset_class_name(config)} (not imported; read by {dataset_format.reader})")
+    if sample_type_name(config):
+        lines.append(f"sample type: {sample_type_name(config)}")
+    field_map = config.get("field_map")
+    if isinstance(field_map, Mapping):
+        lines.append("field map: " + ", ".join(f"{field}: {member}" for field, member in field_map.items()))
+    lines.append(f"read as: {dataset_format.how_read}")
+    return lines
+
+
 @contextlib.contextmanager
 def reading_formats() -> Iterator[None]:
     """While active, Energon builds every WebDataset with the reader of its format (re-entrant).

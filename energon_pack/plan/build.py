@@ -543,6 +543,8 @@ def run_plan(args: Any) -> int:
     from energon_pack.core.dataset_path import check_dataset_path
 
     check_dataset_path(args.dataset, split=args.split)
+    if getattr(args, "facts_dir", None) is not None and Path(args.facts_dir).exists() and not Path(args.facts_dir).is_dir():
+        raise UsageError(f"--facts-dir {str(args.facts_dir)!r} is a file; fix: pass a folder (it is created when missing)")
     config = config_from_cli(args.config)
     start = time.perf_counter()
     if not args.measure and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -560,7 +562,9 @@ def run_plan(args: Any) -> int:
     workers = config.num_workers if args.workers is None else args.workers
     start = time.perf_counter()
     with _torchrun_group() as group:
-        if group is None:
+        if group is None and read_in_place(args.dataset):
+            measurement, source = measure_in_place(args, encoder, config, num_workers=workers)
+        elif group is None:
             measurement, source = measure_dataset(
                 args.dataset, encoder, split=args.split, num_workers=workers, facts=not args.measure
             )
@@ -572,6 +576,35 @@ def run_plan(args: Any) -> int:
         if measurement is not None:
             _write_plan(args, config, measurement, encoder, source, start=start)
     return 0
+
+
+def read_in_place(dataset: Any) -> bool:
+    """Whether ``dataset`` is of a format other than ours (``formats.dispatch``): plan then keeps
+    its facts outside it (``plan.kept_facts``)."""
+    from energon_pack.formats.dispatch import format_of, read_dataset_yaml
+
+    try:
+        config = read_dataset_yaml(dataset)
+    except (OSError, ValueError):
+        return False
+    return format_of(config, dataset=dataset).name != "energon-pack"
+
+
+def measure_in_place(args: Any, encoder: Any, config: PackingConfig, *, num_workers: int) -> tuple[Measurement, str]:
+    """The measurement of a dataset read in place: the kept facts (``--facts-dir``, default the
+    folder of ``--out``) when they were measured for this dataset, encoder and config, else
+    preencoding every sample, kept there for the next plan; nothing is written into the dataset."""
+    from energon_pack.plan.kept_facts import facts_key, kept_facts_path, load_kept_facts, save_kept_facts
+
+    facts_dir = Path(args.facts_dir) if getattr(args, "facts_dir", None) is not None else Path(args.out).resolve().parent
+    path = kept_facts_path(args.dataset, args.split, facts_dir)
+    key = facts_key(plan_fingerprint(dataset_fingerprint(args.dataset, args.split), encoder_fingerprint(encoder), config))
+    kept = "--measure" if args.measure else load_kept_facts(path, key)
+    if not isinstance(kept, str):
+        return Measurement(**kept), f"measured from kept facts ({path}; the dataset is read in place)"
+    measurement = measure_split(args.dataset, encoder, split=args.split, num_workers=num_workers)
+    save_kept_facts(path, key, measurement)
+    return measurement, f"measured by preencoding every sample ({kept}); facts kept at {path}, none written into the dataset"
 
 
 def _write_plan(args: Any, config: PackingConfig, measurement: Measurement, encoder: Any, source: str, *, start: float) -> None:

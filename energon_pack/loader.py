@@ -28,6 +28,7 @@ from energon_pack.config import PackingConfig
 from energon_pack.identity import check_resume_fingerprint, dataset_config_fingerprint, resume_fingerprint
 from energon_pack.core.dataset_path import check_dataset_path
 from energon_pack.formats.dispatch import reading_formats
+from energon_pack.formats.sample_mapping import SampleMapping, loader_sample_mapping, mapping_name, resolve_mapping
 from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
@@ -219,6 +220,7 @@ def get_packing_loader(
     data_parallel_group: Any = None,
     rope_spec: RopeSpec | None = None,
     plan: Any = None,
+    sample_mapping: SampleMapping | str | None = None,
     **loader_kwargs: Any,
 ) -> PackingDataLoader | PlanDataLoader:
     """Build the packing loader of one data-parallel rank.
@@ -232,15 +234,21 @@ def get_packing_loader(
     ``plan`` (a ``PackPlan`` or the path of one written by ``energon-pack plan``): rows come
     from the plan instead of online selection; the result is a ``PlanDataLoader`` whose state
     restores at any data-parallel size and worker count (see ``energon_pack.plan.loader``).
+
+    ``sample_mapping`` (a callable ``sample -> record`` or ``"module:function"``; default
+    ``config.loader.sample_mapping``): how samples of foreign datasets (Energon sample types, crude
+    datasets) become our record form, replacing the types' defaults (docs/foreign_datasets.md).
     """
     check_dataset_path(path, split=split)
     rank, world_size, group = _distributed_rank_info(rank, world_size, data_parallel_group)
+    mapping = resolve_mapping(sample_mapping if sample_mapping is not None else config.loader.sample_mapping)
     if plan is not None:
         task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
-        return plan_data_loader(
-            path, plan, config, task_encoder, split=split, rank=rank, world_size=world_size,
-            data_parallel_group=group, **loader_kwargs,
-        )
+        with loader_sample_mapping(mapping):
+            return plan_data_loader(
+                path, plan, config, task_encoder, split=split, rank=rank, world_size=world_size,
+                data_parallel_group=group, **loader_kwargs,
+            )
     stats_dir = tempfile.TemporaryDirectory(prefix="energon_pack_stats_")
     task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec, stats_dir=stats_dir.name)
     worker_config = WorkerConfig(
@@ -250,7 +258,8 @@ def get_packing_loader(
         data_parallel_group=group,
         seed_offset=config.loader.seed,
     )
-    with reading_formats():  # the reader of each dataset's format (formats.dispatch)
+    # The reader of each dataset's format (formats.dispatch), foreign samples mapped by ``mapping``.
+    with reading_formats(), loader_sample_mapping(mapping):
         if split == "train":
             try:
                 dataset = get_train_dataset(
@@ -271,6 +280,8 @@ def get_packing_loader(
         config, task_encoder, rank=rank, world_size=world_size, split=split,
         dataset=dataset_config_fingerprint(dataset.config()),
     )
+    if mapping is not None:
+        fingerprint["sample_mapping"] = mapping_name(mapping)
     return PackingDataLoader(
         dataset,
         fingerprint=fingerprint,

@@ -503,7 +503,9 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
     unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens",
                        "fast_jpeg_decode", "max_consecutive_skips", "timeout",
                        # balanced steps change no online row; a balanced plan records them (packing_fingerprint)
-                       "cost_model", "frozen_vision", "balance_steps", "balance_window_steps"}
+                       "cost_model", "frozen_vision", "balance_steps", "balance_window_steps",
+                       # the loader adds the mapping it resolved, by name, when one is set
+                       "sample_mapping"}
     part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}
     assert set(config.fingerprint()) == part_keys - unfingerprinted | {"pad_multiple"}
 

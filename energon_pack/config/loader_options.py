@@ -24,6 +24,10 @@ class LoaderOptions:
     timeout: seconds to wait for a worker's next row before raising ``RuntimeError`` (torch's
         ``DataLoader`` timeout: a hung worker becomes an error); 0 (the default) waits forever.
         Needs ``num_workers >= 1``.
+    sample_mapping: ``"module:function"`` turning each sample of a foreign dataset (an Energon
+        sample type, a crude sample) into our record form, replacing the type's default
+        (docs/foreign_datasets.md); ``get_packing_loader(sample_mapping=...)`` wins. It enters the
+        resume fingerprint by name (as ``sample_mapping``) only when set.
     """
 
     num_workers: int = 2
@@ -34,6 +38,7 @@ class LoaderOptions:
     allow_inexact_resume: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     prefetch_factor: int = field(default=2, metadata=NOT_FINGERPRINTED)
     timeout: float = field(default=0, metadata=NOT_FINGERPRINTED)
+    sample_mapping: str | None = field(default=None, metadata=NOT_FINGERPRINTED)
 
     def __post_init__(self) -> None:
         raise_if_problems(type(self).__name__, self.problems())
@@ -52,6 +57,17 @@ class LoaderOptions:
         yield int_problem("seed", self.seed, minimum=0)
         yield int_problem("prefetch_factor", self.prefetch_factor, minimum=1)
         yield _timeout_problem(self.timeout, self.num_workers)
+        yield _sample_mapping_problem(self.sample_mapping)
+
+
+def _sample_mapping_problem(spec: Any) -> str | None:
+    """``sample_mapping`` must be None or ``"module:function"`` (imported only when a loader is built).
+
+    Example: ``_sample_mapping_problem("my_pkg.maps")`` -> an error showing the ``module:function`` form.
+    """
+    if spec is None or (isinstance(spec, str) and spec.count(":") == 1 and all(spec.split(":"))):
+        return None
+    return f"sample_mapping={spec!r}: must be 'module:function'; fix: e.g. sample_mapping: my_pkg.maps:to_record"
 
 
 def _timeout_problem(timeout: Any, num_workers: Any) -> str | None:

@@ -35,12 +35,13 @@ task_encoder_utils", "__class__": "ChatMLWebdataset", "field_map": {...}})`` ->
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from energon_pack.errors import UsageError
-from energon_pack.formats import bridge_chatml, qwen_chat
+from energon_pack.formats import bridge_chatml, energon_webdataset, qwen_chat
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +95,27 @@ FORMATS: tuple[DatasetFormat, ...] = (
         recognises=bridge_chatml.is_bridge_dataset_config,
         reader="energon_pack.formats.bridge_chatml:BridgeChatMLWebdataset",
         how_read=bridge_chatml.HOW_READ,
+    ),
+    DatasetFormat(
+        name="energon-sample-type",
+        recognises=energon_webdataset.is_sample_type_config,
+        reader="energon_pack.formats.energon_webdataset:EnergonSampleWebdataset",
+        how_read=energon_webdataset.HOW_READ_SAMPLE_TYPE,
+    ),
+    *(
+        DatasetFormat(
+            name=f"energon-{name}",
+            recognises=functools.partial(energon_webdataset.names_deprecated_class, name),
+            reader=f"energon_pack.formats.energon_webdataset:Deprecated{name}",
+            how_read=energon_webdataset.HOW_READ_SAMPLE_TYPE,
+        )
+        for name in energon_webdataset.DEPRECATED_CLASSES
+    ),
+    DatasetFormat(
+        name="energon-crude",
+        recognises=energon_webdataset.is_crude_config,
+        reader="energon_pack.formats.energon_webdataset:CookedWebdataset",
+        how_read=energon_webdataset.HOW_READ_CRUDE,
     ),
 )
 _USER_FORMATS: list[DatasetFormat] = []

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -202,14 +203,14 @@ def _seeking(container: Any, stream: Any, index: StreamIndex, frame_indices: Seq
     cursor = 0  # frame index the next output frame must be
     floor = frame_pts[0]  # output frames with a smaller pts are ignored (leading pictures after a seek)
     demuxer = container.demux(stream)
+    sought = -1  # the sampled frame last sought for (one seek per sampled frame at most)
     while position < len(frame_indices):
         start = index.seek_point(frame_indices[position])
-        if start - sent > MIN_SKIPPED_PACKETS:
-            demuxer, packet = _seek(container, stream, packets, start)
-            sent, floor = start - 1, packets[start][0]
+        if start - sent > MIN_SKIPPED_PACKETS and sought != position:
+            demuxer, landing = _seek(container, stream, index, start, after=sent)
+            sought, sent, floor = position, landing - 1, packets[landing][0]
             cursor = bisect.bisect_left(frame_pts, floor)
-        else:
-            packet = next(demuxer, None)
+        packet = next(demuxer, None)
         if packet is None:
             raise _NotExact
         if packet.size > 0:
@@ -245,16 +246,20 @@ def _same(packet: Any, facts: tuple[int | None, int | None, bool, bool]) -> bool
     return (got[0], got[2], got[3]) == (facts[0], facts[2], facts[3])
 
 
-def _seek(container: Any, stream: Any, packets: Sequence[tuple[Any, ...]], start: int) -> tuple[Iterator[Any], Any]:
-    """(demuxer, its first packet) after seeking to the keyframe at decode position ``start``: by
-    its dts, else its pts (demuxers index either); `_NotExact` when neither lands on it."""
-    pts, dts = packets[start][0], packets[start][1]
+def _seek(container: Any, stream: Any, index: StreamIndex, start: int, *, after: int) -> tuple[Iterator[Any], int]:
+    """(demuxer at the landing keyframe, its decode position) after seeking for the keyframe at decode
+    position ``start``: by its dts, else its pts (demuxers index either; an MP4 edit list shifts
+    them). It may land on an earlier scanned keyframe, but past ``after`` (the last packet sent);
+    `_NotExact` when neither timestamp lands so."""
+    pts, dts = index.packets[start][0], index.packets[start][1]
+    keyframe_at = {index.packets[position][0]: position for position in index.keyframes}
     for timestamp in dict.fromkeys(value for value in (dts, pts) if value is not None):
         container.seek(timestamp, stream=stream, backward=True, any_frame=False)
         demuxer = container.demux(stream)
         packet = next(demuxer, None)
         while packet is not None and packet.size <= 0:
             packet = next(demuxer, None)
-        if packet is not None and _same(packet, packets[start]):
-            return demuxer, packet
+        landing = keyframe_at.get(packet.pts, -1) if packet is not None else -1
+        if after < landing <= start and _same(packet, index.packets[landing]):
+            return itertools.chain([packet], demuxer), landing
     raise _NotExact

@@ -620,3 +620,32 @@ def video_pixels(
         kind="video", grid_key="video_grid_thw", pixel_key="pixel_values_videos",
     )
     return pixels.to(torch.uint8) if uint8 else pixels
+
+
+#: Bytes per source pixel for the frame conversions of one decoded frame (measured, rounded up):
+#: its RGB array, swscale's converted frame, and the resize's intermediates (docs/worker_memory.md).
+SOURCE_CONVERSION_BYTES = 12
+#: Bytes per source pixel of one decoded YUV 4:2:0 8-bit frame the decoder holds.
+DECODED_FRAME_BYTES = 1.5
+#: Interpreter, PyAV and allocator slack per video build (bytes).
+VIDEO_BUILD_SLACK = 32 << 20
+
+
+def video_memory_bound(
+    source: tuple[int, int], target: tuple[int, int], *, temporal_patch_size: int, float32: bool,
+    reference_frames: int = 16, decode_threads: int = 1,
+) -> int:
+    """Most bytes a worker holds for one video beyond the video's own pixel payload, whatever its
+    length: one source frame (``source`` = (H, W)) converted and resized, the decoder's frames
+    (``reference_frames``: H.264/HEVC keep at most 16, at 4K at most 6 by their level limits; plus
+    one per decoder thread and the frame being output), T resized frames (``target`` = (h, w)) and,
+    for float32 payloads, their float copies, plus `VIDEO_BUILD_SLACK`.
+
+    H*W*(12 + 1.5*(R + threads + 1)) + T*3*h*w*(1 + 8 if float32) + 32 MiB.
+    Example: 1080p, target (560, 1008), T=2, uint8, R=16, 1 thread -> 117,811,712 (112 MiB);
+    4K with R=6 -> 236,006,912 (225 MiB).
+    """
+    height, width = source
+    decoder = DECODED_FRAME_BYTES * (reference_frames + decode_threads + 1)
+    group = temporal_patch_size * 3 * target[0] * target[1] * (9 if float32 else 1)
+    return int(height * width * (SOURCE_CONVERSION_BYTES + decoder) + group + VIDEO_BUILD_SLACK)

@@ -40,6 +40,7 @@ import bisect
 import io
 import itertools
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +144,7 @@ def sampled_frames(
     """
     if seek:
         try:
-            with _open(data, threads) as (container, stream):
+            with _opened(data, threads) as (container, stream):
                 index = StreamIndex.scan(container, stream, total_frames)
                 if index.worth_seeking(frame_indices):
                     yield from _seeking(container, stream, index, frame_indices)
@@ -157,22 +158,15 @@ def sampled_frames(
     yield from _sequential(data, frame_indices, total_frames, threads)
 
 
-class _open:
-    """``with _open(data, threads) as (container, stream)``: the first video stream, decoder threads set."""
-
-    def __init__(self, data: bytes, threads: int) -> None:
-        self.container = av.open(io.BytesIO(data))
-        stream = self.container.streams.video[0]
+@contextmanager
+def _opened(data: bytes, threads: int) -> Iterator[tuple[Any, Any]]:
+    """``(container, its first video stream)`` with ``threads`` decoder threads (frame and slice threading)."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
         if threads != 1:
             stream.thread_type = "AUTO"
             stream.thread_count = threads
-        self.stream = stream
-
-    def __enter__(self) -> tuple[Any, Any]:
-        return self.container, self.stream
-
-    def __exit__(self, *exc: Any) -> None:
-        self.container.close()
+        yield container, stream
 
 
 def _sequential(data: bytes, frame_indices: Sequence[int], total_frames: int, threads: int) -> Iterator[tuple[int, Any]]:
@@ -180,7 +174,7 @@ def _sequential(data: bytes, frame_indices: Sequence[int], total_frames: int, th
     wanted = {index: position for position, index in enumerate(frame_indices)}
     decoded = 0
     try:
-        with _open(data, threads) as (container, stream):
+        with _opened(data, threads) as (container, stream):
             for frame in container.decode(stream):
                 if decoded in wanted:
                     yield wanted[decoded], frame

@@ -8,7 +8,8 @@ at a time (plus the decoder's own reference frames).
 Frame index i is the i-th frame a full sequential decode outputs (what preencode counted,
 ``qwen.media.probe_video``). Seeking must give exactly those frames, or it is not used:
 
-- A first pass demuxes the stream (no decoding; `StreamIndex.scan`): per packet in decode order its
+- When some sampled frame lies more than `MIN_SKIPPED_PACKETS` frames after the previous one, a
+  first pass demuxes the stream (no decoding; `StreamIndex.scan`): per packet in decode order its
   pts, dts, keyframe and discard flags and the frames it shows. The stream is *seekable* when every
   shown packet shows one frame and has a pts, no two share one, and they number exactly
   ``total_frames``: frame i then has the i-th smallest pts.
@@ -64,10 +65,11 @@ class _NotExact(Exception):
 class StreamIndex:
     """Demuxed facts of one video stream, packets in decode order (no frame decoded).
 
-    ``packets``: (pts, dts, keyframe, discard) per non-empty packet; ``shown``: frames each shows
-    (0 for a hidden VP8/VP9 alt-ref or an edit-list discard); ``frame_pts``: pts of the shown
-    frames in presentation order (frame i has ``frame_pts[i]``) when the stream is seekable, else
-    None; ``frame_packet``: decode position of the packet showing each frame.
+    ``packets``: (pts, dts, keyframe, discard) per non-empty packet; ``frame_pts``: pts of the
+    shown frames in presentation order (frame i has ``frame_pts[i]``; hidden VP8/VP9 alt-ref frames
+    and edit-list discards show none) when the stream is seekable, else None; ``frame_packet``:
+    decode position of the packet showing each frame; ``keyframes``: decode positions of the
+    keyframe packets (empty when not seekable).
     """
 
     packets: tuple[tuple[int | None, int | None, bool, bool], ...]
@@ -142,7 +144,8 @@ def sampled_frames(
     failure ``BadSampleError("corrupt_video")``.
     Example: ``list(sampled_frames(data, [0, 29], 30))`` -> ``[(0, <frame 0>), (1, <frame 29>)]``.
     """
-    if seek:
+    gaps = (later - earlier for earlier, later in zip((-1, *frame_indices), frame_indices))
+    if seek and max(gaps, default=0) > MIN_SKIPPED_PACKETS:  # denser frames: no seek could pay, no scan
         try:
             with _opened(data, threads) as (container, stream):
                 index = StreamIndex.scan(container, stream, total_frames)

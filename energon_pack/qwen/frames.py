@@ -16,9 +16,11 @@ Frame index i is the i-th frame a full sequential decode outputs (what preencode
 - For a sampled frame, the seek point is the last keyframe before its packet (decode order) with a
   pts at most its pts (`StreamIndex.seek_point`). The decoder seeks there only when that skips
   packets not yet sent (sampled frames sparser than keyframes); otherwise it decodes through.
-- After a seek, the first demuxed packet must be that keyframe, every later packet must be the
-  scanned one (pts, dts, flags), frames showing before the keyframe's pts are ignored (leading
-  pictures of an open GOP) and every other output frame must carry the next pts in order. Any
+- After a seek, the first demuxed packet must be a scanned keyframe at or before that one (an MP4
+  edit list may land the demuxer earlier) and past what was decoded, every later packet must be
+  the scanned one (pts and flags; Matroska leaves dts unset after a seek), frames showing before
+  the landing keyframe's pts are ignored (leading pictures of an open GOP) and every other
+  output frame must carry the next pts in order. Any
   difference (a frame without pts, one dropped or out of order, a seek landing elsewhere) stops the
   seeking decode; the video is then decoded again from its start, sequentially, counting frames.
 - The sequential decode (`decode_threads` aside, today's behaviour) counts the frames it outputs

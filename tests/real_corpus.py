@@ -209,3 +209,60 @@ def write_corpus(folder: str | Path, *, include_huge: bool = True) -> Path:
             }
             out.write(json.dumps(record) + "\n")
     return records
+
+
+def trimmed_mp4(source: bytes, trimmed: int) -> bytes:
+    """``source`` (an MP4) remuxed so that an edit list hides its first ``trimmed`` frames, as a stream
+    copy cut with ``ffmpeg -ss`` has: the demuxer marks their packets discard, decoders drop them."""
+    buffer = io.BytesIO()
+    with av.open(io.BytesIO(source)) as reader, av.open(buffer, "w", format="mp4", options={"use_editlist": "1"}) as writer:
+        source_stream = reader.streams.video[0]
+        stream = writer.add_stream_from_template(source_stream)
+        shift = trimmed * int(1 / (source_stream.time_base * source_stream.average_rate))
+        for packet in reader.demux(source_stream):
+            if packet.dts is None:  # the demuxer's end-of-stream flush packet
+                continue
+            packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, stream
+            writer.mux(packet)
+    return buffer.getvalue()
+
+
+#: x264 / x265 with a keyframe every 8 frames, 3 B-frames and open GOPs (I-frames that are not IDR / CRA).
+_OPEN_GOP_X264 = {"bf": "3", "x264-params": "keyint=8:min-keyint=8:open-gop=1:scenecut=0"}
+_OPEN_GOP_X265 = {"x265-params": "log-level=error:keyint=8:min-keyint=8:open-gop=1:bframes=3:scenecut=0"}
+#: Frames of each seek-corpus clip (keyframe every 8: sampled frames sparser than keyframes).
+SEEK_FRAMES = 60
+
+#: The corpus's containers and codecs with a keyframe every 8 frames (so sampled frames can be sparser
+#: than keyframes), plus open GOPs (H.264 in MKV and MP4, HEVC CRA in MP4 and MKV), variable frame
+#: rate with B-frames and an MP4 edit list hiding the first frames. Used by tests/test_video_seek.py.
+SEEK_CORPUS: tuple[CorpusItem, ...] = tuple(
+    CorpusItem(name=name, kind="video", about=about, make=make) for name, about, make in (
+        ("vp8.webm", "WebM VP8, alt-ref", lambda: encode_clip(
+            "webm", "libvpx", num_frames=SEEK_FRAMES, options={"auto-alt-ref": "1", "lag-in-frames": "16", "g": "8"})),
+        ("vp9.webm", "WebM VP9, alt-ref superframes", lambda: encode_clip(
+            "webm", "libvpx-vp9", num_frames=SEEK_FRAMES, options={**_VP9_OPTIONS, "g": "8"})),
+        ("h264.mkv", "Matroska H.264, B-frames", lambda: encode_clip(
+            "matroska", "libx264", num_frames=SEEK_FRAMES, options={"bf": "3", "g": "8"})),
+        ("h264open.mkv", "Matroska H.264, open GOP", lambda: encode_clip(
+            "matroska", "libx264", num_frames=SEEK_FRAMES, options=_OPEN_GOP_X264)),
+        ("h264open.mp4", "MP4 H.264, open GOP", lambda: encode_clip(
+            "mp4", "libx264", num_frames=SEEK_FRAMES, options=_OPEN_GOP_X264)),
+        ("h264.mov", "QuickTime H.264", lambda: encode_clip("mov", "libx264", num_frames=SEEK_FRAMES, options={"g": "8"})),
+        ("mpeg4.avi", "AVI MPEG-4 Part 2, B-frames", lambda: encode_clip(
+            "avi", "mpeg4", num_frames=SEEK_FRAMES, options={"bf": "2", "g": "8"})),
+        ("hevc.mp4", "MP4 HEVC, open GOP (CRA)", lambda: encode_clip(
+            "mp4", "libx265", num_frames=SEEK_FRAMES, options=_OPEN_GOP_X265)),
+        ("hevc.mkv", "Matroska HEVC, open GOP (CRA)", lambda: encode_clip(
+            "matroska", "libx265", num_frames=SEEK_FRAMES, options=_OPEN_GOP_X265)),
+        ("aac.mp4", "MP4 H.264 + AAC", lambda: encode_clip(
+            "mp4", "libx264", num_frames=SEEK_FRAMES, audio=True, options={"g": "8"})),
+        ("vfr.mp4", "MP4 H.264, variable frame rate, B-frames", lambda: encode_clip(
+            "mp4", "libx264", num_frames=SEEK_FRAMES, pts_ms=_vfr_pts(SEEK_FRAMES), options={"g": "8", "bf": "2"})),
+        ("av1.mp4", "MP4 AV1", lambda: encode_clip(
+            "mp4", "libsvtav1", num_frames=SEEK_FRAMES, size=(128, 64), options={"g": "8", "svtav1-params": "log-level=0"})),
+        ("h264.m4v", "M4V H.264", lambda: encode_clip("ipod", "libx264", num_frames=SEEK_FRAMES, options={"g": "8"})),
+        ("editlist.mp4", "MP4 H.264, B-frames, edit list hiding 5 frames", lambda: trimmed_mp4(encode_clip(
+            "mp4", "libx264", num_frames=SEEK_FRAMES, options={"g": "8", "bf": "2"}), 5)),
+    )
+)

@@ -501,7 +501,7 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
     # buffer_tokens enters only when set or by the default round (states saved before it existed still resume).
     # buffer_tokens and fast_jpeg_decode enter only when set (see test_optional_knobs_enter_the_fingerprint_when_set).
     unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens",
-                       "fast_jpeg_decode", "max_consecutive_skips", "timeout",
+                       "fast_jpeg_decode", "max_consecutive_skips", "timeout", "decode_threads",
                        # balanced steps change no online row; a balanced plan records them (packing_fingerprint)
                        "cost_model", "frozen_vision", "balance_steps", "balance_window_steps",
                        # the loader adds the mapping it resolved, by name, when one is set
@@ -571,6 +571,9 @@ def test_buffer_tokens_from_yaml(tmp_path: Path) -> None:
         ({"buffer_tokens": 8192, "buffer_size": 4}, "buffer_size=4, buffer_tokens=8192: a round runs after"),
         ({"buffer_tokens": 0}, "buffer_tokens=0: must be an integer >= 1"),
         ({"prefetch_factor": 0}, "prefetch_factor=0: must be an integer >= 1"),
+        ({"decode_threads": 0}, "decode_threads=0: must be an integer >= 1 or null"),
+        ({"decode_threads": "4"}, "decode_threads='4': must be an integer >= 1 or null"),
+        ({"decode_threads": True}, "decode_threads=True: must be an integer >= 1 or null"),
     ],
 )
 def test_buffer_tokens_and_prefetch_rules(values: dict, expected: str) -> None:
@@ -637,3 +640,16 @@ def test_media_knobs_are_absent_from_the_fingerprint_only_at_the_old_behaviour()
         PackingConfig(seq_length=8192, max_image_pixels=0)
     with pytest.raises(ValueError, match="apply_exif_orientation='no': must be a boolean"):
         PackingConfig(seq_length=8192, apply_exif_orientation="no")
+
+
+def test_decode_threads_default_shares_the_cores_among_the_decoding_processes(monkeypatch) -> None:
+    from energon_pack.config.loader_options import MAX_AUTO_DECODE_THREADS, auto_decode_threads
+
+    assert auto_decode_threads(cores=96, num_workers=8, local_ranks=8) == 1
+    assert auto_decode_threads(cores=16, num_workers=2) == 4 == MAX_AUTO_DECODE_THREADS
+    assert auto_decode_threads(cores=12, num_workers=4) == 3
+    assert auto_decode_threads(cores=8, num_workers=0) == 4
+    assert auto_decode_threads(cores=2, num_workers=8) == 1
+    assert PackingConfig(seq_length=8192, decode_threads=3).loader.resolved_decode_threads() == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    assert PackingConfig(seq_length=8192).loader.resolved_decode_threads() == 1

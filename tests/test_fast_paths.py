@@ -12,6 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from energon_pack.qwen.family import vision_rules
 from energon_pack.qwen.fit import media_geometry
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.media import ImageInfo
@@ -67,16 +68,27 @@ def _image(height, width, mode, seed):
     return image.convert("RGB").quantize(32) if mode == "P" else image.convert(mode)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAMILIES = ("qwen2.5-vl", "qwen3-vl", "qwen3.5")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_processor(request):
+    """Each family's offline processor (Qwen3-VL and Qwen3.5/3.6: patch 16, their own video processor)."""
+    from tests.hf_reference import PROCESSOR_FIXTURES
+
+    return request.getfixturevalue(PROCESSOR_FIXTURES[request.param])
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(height=st.integers(20, 1500), width=st.integers(20, 1500), mode=st.sampled_from(["RGB", "RGBA", "L", "P", "LA"]),
        seed=st.integers(0, 2**16))
-def test_image_patcher_equals_the_processor(processor, height, width, mode, seed):
+def test_image_patcher_equals_the_processor(family_processor, height, width, mode, seed):
     if max(height, width) / min(height, width) > 200:
         return
-    patcher = ImagePatcher.for_processor(processor)
+    patcher = ImagePatcher.for_processor(family_processor)
     assert patcher is not None
     image = _image(height, width, mode, seed)
-    expected = processor.image_processor(images=[image], return_tensors="pt", do_rescale=False, do_normalize=False)
+    expected = family_processor.image_processor(images=[image], return_tensors="pt", do_rescale=False, do_normalize=False)
     out = torch.empty_like(expected["pixel_values"])
     assert list(patcher(image, out)) == expected["image_grid_thw"][0].tolist()
     assert torch.equal(out, expected["pixel_values"])
@@ -123,43 +135,70 @@ def _clip_timing(frames):
     return VideoTiming(total_frames=frames, fps=10.0, frame_indices=tuple(range(frames)))
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(frames=st.integers(1, 8), height=st.integers(16, 700), width=st.integers(16, 700), seed=st.integers(0, 2**16))
-def test_video_patcher_equals_the_processor(processor, frames, height, width, seed):
-    patcher = VideoPatcher.for_processor(processor)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.integers(1, 9), height=st.integers(16, 700), width=st.integers(16, 700), seed=st.integers(0, 2**16),
+       uint8=st.booleans())
+def test_video_patcher_resizing_frame_by_frame_equals_the_processor(family_processor, frames, height, width, seed, uint8):
+    """The processor resizes a clip as one batch; resizing each frame on its own (as the frames are
+    decoded) gives the same bytes, uint8 and float32 (rescaled and normalised) alike, every family."""
+    spec = VisionSpec.from_processor(family_processor)
+    if vision_rules(spec.family) == "qwen3-vl":
+        frames = max(frames, spec.temporal_patch_size)  # Qwen3-VL refuses clips shorter than T
+    patcher = VideoPatcher.for_processor(family_processor)
     assert patcher is not None
     clip = np.random.default_rng(seed).integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
-    expected = processor.video_processor(
+    expected = family_processor.video_processor(
         videos=[clip], video_metadata=[_clip_timing(frames).metadata()], do_sample_frames=False,
-        return_tensors="pt", do_rescale=False, do_normalize=False,
+        return_tensors="pt", **({"do_rescale": False, "do_normalize": False} if uint8 else {}),
     )
     out = torch.empty_like(expected["pixel_values_videos"])
+    assert out.dtype == (torch.uint8 if uint8 else torch.float32)
     assert list(patcher(clip, out)) == expected["video_grid_thw"][0].tolist()
     assert torch.equal(out, expected["pixel_values_videos"])
 
 
-def test_video_pixels_with_the_patcher_equals_the_processor_path(processor):
+@pytest.mark.parametrize("uint8", [True, False])
+def test_video_pixels_with_the_patcher_equals_the_processor_path(family_processor, uint8):
     from energon_pack.data.synthetic import encode_video
     from energon_pack.qwen.media import probe_video
 
     datas = [encode_video(np.random.default_rng(seed).integers(0, 256, (frames, 64, 96, 3), dtype=np.uint8), fps=10)
              for seed, frames in ((0, 12), (1, 20))]
-    spec = VisionSpec.from_processor(processor)
+    spec = VisionSpec.from_processor(family_processor)
     geometry = media_geometry([], [probe_video(data) for data in datas], spec)
     rows = int(geometry.video_grid_thw.prod(axis=1).sum())
-    outs = [torch.empty((rows, 1176), dtype=torch.uint8) for _ in range(2)]
-    video_pixels(processor, datas, geometry.timings, geometry.video_grid_thw, uint8=True, out=outs[0])
-    video_pixels(processor, datas, geometry.timings, geometry.video_grid_thw, uint8=True, out=outs[1],
-                 patcher=VideoPatcher.for_processor(processor))
+    width = 3 * spec.temporal_patch_size * spec.patch_size**2
+    outs = [torch.empty((rows, width), dtype=torch.uint8 if uint8 else torch.float32) for _ in range(2)]
+    video_pixels(family_processor, datas, geometry.timings, geometry.video_grid_thw, uint8=uint8, out=outs[0])
+    video_pixels(family_processor, datas, geometry.timings, geometry.video_grid_thw, uint8=uint8, out=outs[1],
+                 patcher=VideoPatcher.for_processor(family_processor))
     assert torch.equal(outs[0], outs[1])
+    unslotted = video_pixels(family_processor, datas, geometry.timings, geometry.video_grid_thw, uint8=uint8,
+                             patcher=VideoPatcher.for_processor(family_processor))
+    assert torch.equal(unslotted, outs[0])
 
 
 def test_video_patcher_probes_once_and_refuses_other_processors(processor, processor_qwen3, monkeypatch):
     assert VideoPatcher.for_processor(processor) is not None
-    assert VideoPatcher.for_processor(processor_qwen3) is None  # Qwen3-VL: its own video processor class
+    assert VideoPatcher.for_processor(processor_qwen3) is not None
     monkeypatch.setattr(VideoPatcher, "_probe", classmethod(lambda cls, processor: pytest.fail("probed again")))
     assert VideoPatcher.for_processor(processor) is not None
     assert "VideoPatcher" not in processor.video_processor.to_json_string()
+
+
+def test_video_patcher_probe_catches_a_float32_difference(processor_qwen3):
+    """A video processor of a known class whose normalisation differs (here: by one step) is refused:
+    the probe compares the float32 payload too."""
+    import copy
+
+    part = processor_qwen3.video_processor
+    shifted = type(part.__class__.__name__, (type(part),), {
+        "rescale_and_normalize": lambda self, *args, **kwargs: type(part).rescale_and_normalize(self, *args, **kwargs) + 1e-3,
+    })
+    other = copy.copy(processor_qwen3)
+    other.video_processor = copy.copy(part)
+    other.video_processor.__class__ = shifted
+    assert VideoPatcher.for_processor(other) is None
 
 
 _TEXT = st.lists(st.sampled_from(list("ab \n\t.,!é中") + ["<|im_end|>", "<|vision_start|>", "  ", "\n\n", "hello"]),

@@ -48,6 +48,7 @@ from tests.golden_media import (
     make_video,
 )
 from tests.hf_reference import PROCESSOR_FIXTURES, hf_reference
+from tests.real_corpus import trimmed_mp4
 
 #: Samples per family's mix; only full-size mixes are checked for coverage (big images, videos).
 MIX_SIZES = {"qwen2.5-vl": 500, "qwen3-vl": 500, "qwen3.5": 24}
@@ -398,28 +399,17 @@ def test_skips_without_a_following_row_are_counted(tmp_path, processor):
     assert stats["skipped"] == {"corrupt_image": 2}
 
 
-def _trimmed_mp4(path: Path, frames: np.ndarray, fps: int, trimmed: int) -> bytes:
+def _trimmed_mp4(frames: np.ndarray, fps: int, trimmed: int) -> bytes:
     """MP4 whose edit list hides the first ``trimmed`` frames (as a stream copy cut with ``ffmpeg -ss`` has).
 
     The header still counts every frame; decoders drop the hidden ones.
     """
-    source = encode_video(frames, fps)
-    options = {"use_editlist": "1"}
-    with av.open(io.BytesIO(source)) as reader, av.open(str(path), "w", format="mp4", options=options) as writer:
-        source_stream = reader.streams.video[0]
-        stream = writer.add_stream_from_template(source_stream)
-        shift = trimmed * int(1 / (source_stream.time_base * fps))
-        for packet in reader.demux(source_stream):
-            if packet.dts is None:  # the demuxer's end-of-stream flush packet
-                continue
-            packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, stream
-            writer.mux(packet)
-    return path.read_bytes()
+    return trimmed_mp4(encode_video(frames, fps), trimmed)
 
 
 def test_video_with_an_edit_list_is_not_skipped(tmp_path, processor):
     frames = np.stack([_pixels(11, 48, 64)] * 40)
-    video = _trimmed_mp4(tmp_path / "trimmed.mp4", frames, fps=10, trimmed=3)
+    video = _trimmed_mp4(frames, fps=10, trimmed=3)
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
     prepared = encoder.preencode_sample(_one_sample(videos=[video]))
     assert prepared.skip_reason is None

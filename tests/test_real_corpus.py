@@ -96,9 +96,15 @@ def check_segments_equal_hf(processor: Any, samples: dict[str, QwenVLChatSample]
     return media
 
 
-@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl"])
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl", "qwen3.5"])
 def test_every_segment_equals_the_hf_reference(corpus, family: str, request: pytest.FixtureRequest) -> None:
-    processor = request.getfixturevalue("processor_qwen3" if family == "qwen3-vl" else "processor")
+    """Videos go through the streaming path (frames resized one by one as decoded, ``VideoPatcher``)
+    for every family, float32 and uint8: the equality below proves it per family."""
+    from energon_pack.qwen.pixels import VideoPatcher
+    from tests.hf_reference import PROCESSOR_FIXTURES
+
+    processor = request.getfixturevalue(PROCESSOR_FIXTURES[family])
+    assert VideoPatcher.for_processor(processor) is not None
     _, samples = corpus
     assert check_segments_equal_hf(processor, samples) == len(samples)
 

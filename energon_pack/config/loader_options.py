@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,9 @@ class LoaderOptions:
         sample type, a crude sample) into our record form, replacing the type's default
         (docs/foreign_datasets.md); ``get_packing_loader(sample_mapping=...)`` wins. It enters the
         resume fingerprint by name (as ``sample_mapping``) only when set.
+    decode_threads: FFmpeg decoder threads (frame and slice threading) each worker decodes a video
+        with; the frames are the same with any count. None (the default): `auto_decode_threads`
+        (the cores this process may use, shared by the workers of every local rank, 1 to 4).
     """
 
     num_workers: int = 2
@@ -39,6 +43,7 @@ class LoaderOptions:
     prefetch_factor: int = field(default=2, metadata=NOT_FINGERPRINTED)
     timeout: float = field(default=0, metadata=NOT_FINGERPRINTED)
     sample_mapping: str | None = field(default=None, metadata=NOT_FINGERPRINTED)
+    decode_threads: int | None = field(default=None, metadata=NOT_FINGERPRINTED)
 
     def __post_init__(self) -> None:
         raise_if_problems(type(self).__name__, self.problems())
@@ -58,6 +63,34 @@ class LoaderOptions:
         yield int_problem("prefetch_factor", self.prefetch_factor, minimum=1)
         yield _timeout_problem(self.timeout, self.num_workers)
         yield _sample_mapping_problem(self.sample_mapping)
+        yield int_problem("decode_threads", self.decode_threads, minimum=1, optional=True)
+
+    def resolved_decode_threads(self) -> int:
+        """``decode_threads``, or `auto_decode_threads` of this process's cores, the worker count and
+        the local ranks (``LOCAL_WORLD_SIZE``, as torchrun sets it; 1 without)."""
+        if self.decode_threads is not None:
+            return self.decode_threads
+        return auto_decode_threads(
+            cores=len(os.sched_getaffinity(0)), num_workers=self.num_workers,
+            local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1),
+        )
+
+
+#: Most decoder threads the default gives a worker: past 4, one decode gains little
+#: (docs/performance.md) and each frame thread holds its own frames (docs/worker_memory.md).
+MAX_AUTO_DECODE_THREADS = 4
+
+
+def auto_decode_threads(*, cores: int, num_workers: int, local_ranks: int = 1) -> int:
+    """Decoder threads per worker when ``decode_threads`` is None: the cores left per decoding
+    process (workers of every local rank; the main process when ``num_workers`` is 0), 1 to
+    `MAX_AUTO_DECODE_THREADS`.
+
+    Example: ``auto_decode_threads(cores=96, num_workers=8, local_ranks=8)`` -> 1;
+    ``auto_decode_threads(cores=16, num_workers=2)`` -> 4; ``auto_decode_threads(cores=8, num_workers=0)`` -> 4.
+    """
+    processes = max(1, num_workers) * max(1, local_ranks)
+    return max(1, min(MAX_AUTO_DECODE_THREADS, cores // processes))
 
 
 def _sample_mapping_problem(spec: Any) -> str | None:

@@ -250,7 +250,7 @@ def _check_media_decodes(data: bytes, kind: str, name: str, header: Any) -> None
         if kind == "image":
             decode_image(data)
         else:
-            decode_video_frames(data, (0,), header.num_frames)
+            decode_video_frames(data, (0,), header.num_frames, seek=False)
     except BadSampleError as err:
         raise BadSampleError("unreadable_media", f"{kind} {name!r} does not decode: {err}") from None
 

@@ -81,6 +81,7 @@ class QwenChatEncoder:
     ``transformers.image_utils.load_image`` does (``RowLayout.apply_exif_orientation``).
     ``max_image_pixels``: images with more stored pixels are skipped as ``pixel_bomb``
     (``RowLayout.max_image_pixels``; None: ``qwen.media.default_max_image_pixels()``).
+    ``decode_threads``: FFmpeg decoder threads per video (same frames with any count).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class QwenChatEncoder:
         fast_jpeg: bool = False,
         apply_exif_orientation: bool = True,
         max_image_pixels: int | None = None,
+        decode_threads: int = 1,
     ) -> None:
         self.processor = processor
         self.vision = VisionSpec.from_processor(processor)
@@ -102,8 +104,11 @@ class QwenChatEncoder:
         self.uint8_pixels = uint8_pixels
         #: Image patches straight into the row payload (uint8 only; None: the image processor's own path).
         self._patcher = ImagePatcher.for_processor(processor) if uint8_pixels else None
-        #: Video patches straight into the row payload (uint8 only; None: the video processor's own path).
-        self._video_patcher = VideoPatcher.for_processor(processor) if uint8_pixels else None
+        #: Video frames resized as decoded, patches straight into the row payload (uint8 and float32;
+        #: None: the video processor's own path).
+        self._video_patcher = VideoPatcher.for_processor(processor)
+        #: FFmpeg decoder threads per video (``LoaderOptions.decode_threads``, resolved).
+        self.decode_threads = decode_threads
         #: Decode big JPEGs at reduced scale straight to their target size (``RowLayout.fast_jpeg_decode``).
         self.fast_jpeg = fast_jpeg
         self.apply_exif_orientation = apply_exif_orientation
@@ -233,6 +238,7 @@ class QwenChatEncoder:
                 uint8=self.uint8_pixels,
                 out=slots.videos,
                 patcher=self._video_patcher,
+                decode_threads=self.decode_threads,
             )
         seconds = (
             None

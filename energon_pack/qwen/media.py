@@ -268,7 +268,7 @@ def vp9_shown(packet: bytes | memoryview) -> int:
 
 
 #: Frames a packet outputs, for codecs whose packets may hold a hidden frame (by decoder name).
-_SHOWN_FRAMES = {"vp8": vp8_shown, "libvpx": vp8_shown, "vp9": vp9_shown, "libvpx-vp9": vp9_shown}
+SHOWN_FRAMES = {"vp8": vp8_shown, "libvpx": vp8_shown, "vp9": vp9_shown, "libvpx-vp9": vp9_shown}
 
 
 def probe_video(data: bytes) -> VideoInfo:
@@ -354,7 +354,7 @@ def _count_frames(container: av.container.InputContainer, stream: av.video.strea
 
     Example: a 24-frame VP8 WebM whose 6th packet is a hidden frame -> ``(24, 23)``.
     """
-    shown_of = _SHOWN_FRAMES.get(stream.codec_context.name)
+    shown_of = SHOWN_FRAMES.get(stream.codec_context.name)
     present = shown = 0
     try:
         for packet in container.demux(stream):

@@ -78,6 +78,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             fast_jpeg=config.row.fast_jpeg_decode,
             apply_exif_orientation=config.row.apply_exif_orientation,
             max_image_pixels=config.row.max_image_pixels,
+            decode_threads=config.loader.resolved_decode_threads(),
         )
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.

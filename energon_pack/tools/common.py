@@ -82,9 +82,9 @@ def hf_processor_outputs(
     """The baseline: the Hugging Face processor output for one chat, called as docs/batch_contract.md says.
 
     Images go in as opened PIL images turned upright by their EXIF orientation (as
-    ``transformers.image_utils.load_image`` turns them); video frames are decoded with PyAV (rgb24) at the
-    frame indices of ``sample_frame_indices`` and passed with ``do_sample_frames=False`` and
-    their ``VideoMetadata``. Returns the processor's ``BatchFeature`` (tensors, batch of 1).
+    ``transformers.image_utils.load_image`` turns them); video frames are decoded with PyAV (rgb24), every
+    frame in order as ``load_video`` does (no seeking), kept at the frame indices of
+    ``sample_frame_indices`` and passed with ``do_sample_frames=False`` and their ``VideoMetadata``. Returns the processor's ``BatchFeature`` (tensors, batch of 1).
     """
     from PIL import Image, ImageOps
 
@@ -104,7 +104,7 @@ def hf_processor_outputs(
                 fps=info.fps,
                 frame_indices=tuple(sample_frame_indices(info.num_frames, info.fps, spec)),
             )
-            frames.append(decode_video_frames(data, timing.frame_indices, timing.total_frames))
+            frames.append(decode_video_frames(data, timing.frame_indices, timing.total_frames, seek=False))
             metadata.append(timing.metadata())
         call_kwargs.update(videos=frames, video_metadata=metadata, do_sample_frames=False)
     return processor(

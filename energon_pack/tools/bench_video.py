@@ -1,0 +1,156 @@
+"""The cost of one long video's row against a plain decode of the clip (issue 33's decode check).
+
+``python -m energon_pack.tools.bench_video`` makes (once, cached under ``--clips``) an H.264 clip
+(``energon_pack.tools.clips``: default 10 minutes of 720p at 30 fps, a keyframe every second, as
+phones write them, ~5 Mbit/s of moving texture and noise) and times, interleaved, ``--repeats`` times each:
+
+- ``plain decode``: a sequential PyAV decode of every frame of the clip (no conversion);
+- ``row``: building the clip's row segment with ``QwenVLPackingTaskEncoder.postencode_sample``
+  (the processor's ``max_frames``: ``--max-frames``), for each ``--threads`` count
+  (``decode_threads``): frames sought, resized as decoded, patches into the payload;
+- ``before``: what the row cost before issue 33: every frame decoded and counted, the sampled
+  ones stacked at source size, then the video processor.
+
+It prints the medians, the row's ratio to the plain decode, and checks the row's payload equals
+the video processor's on the sequentially decoded frames (``pixels identical: True``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["bench_video", "main"]
+
+
+def _plain_decode(data: bytes, threads: int) -> int:
+    """Frames of a sequential PyAV decode of the whole clip (``threads`` FFmpeg threads)."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        if threads != 1:
+            stream.thread_type, stream.thread_count = "AUTO", threads
+        return sum(1 for _ in container.decode(stream))
+
+
+def _median_seconds(run: Callable[[], Any], repeats: int) -> list[float]:
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def bench_video(
+    *, seconds: float, width: int, height: int, fps: int, keyframe_seconds: float, max_frames: int,
+    threads: Sequence[int], family: str, repeats: int, clips: Path, pixel_dtype: str = "uint8", noise: int = 20,
+) -> dict[str, Any]:
+    """Figures of one clip: plain decode, row per thread count and the pre-issue-33 row, in seconds (medians)."""
+    import torch
+
+    from energon_pack.config import PackingConfig
+    from energon_pack.core.samples import QwenVLChatSample
+    from energon_pack.qwen.pixels import decode_video_frames
+    from energon_pack.qwen.processor import load_processor
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+    from energon_pack.tools.clips import ClipSpec, cached_clip
+
+    spec = ClipSpec(seconds=seconds, width=width, height=height, fps=fps, keyframe_seconds=keyframe_seconds, noise=noise)
+    data = cached_clip(clips, spec).read_bytes()
+    processor = load_processor(family=family, max_frames=max_frames)
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "A bar moves."}]}]
+    sample = QwenVLChatSample(__key__="clip", __restore_key__=(), __subflavors__=None, __sources__=None,
+                              conversation=messages, images=[], videos=[data])
+    encoders = {
+        count: QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 20, pixel_dtype=pixel_dtype,
+                                                      decode_threads=count), processor)
+        for count in threads
+    }
+    prepared = encoders[threads[0]].preencode_sample(sample)
+    timing = prepared.video_timings[0]
+    uint8 = pixel_dtype == "uint8"
+
+    def before() -> Any:
+        frames = decode_video_frames(data, timing.frame_indices, timing.total_frames, seek=False)
+        return processor.video_processor(
+            videos=[frames], video_metadata=[timing.metadata()], do_sample_frames=False, return_tensors="pt",
+            **({"do_rescale": False, "do_normalize": False} if uint8 else {}),
+        )
+
+    runs: dict[str, list[float]] = {"plain decode": [], "before": [], **{f"row, {t} thread(s)": [] for t in threads}}
+    for _ in range(repeats):  # interleaved, so load changes hit every setting alike
+        runs["plain decode"] += _median_seconds(lambda: _plain_decode(data, 1), 1)
+        for count, encoder in encoders.items():
+            runs[f"row, {count} thread(s)"] += _median_seconds(lambda: encoder.postencode_sample(prepared), 1)
+        runs["before"] += _median_seconds(before, 1)
+    row = encoders[threads[0]].postencode_sample(prepared).segment.visual.pixel_values_videos
+    reference = before()["pixel_values_videos"]
+    medians = {name: statistics.median(values) for name, values in runs.items()}
+    return {
+        "clip": spec.name, "frames": spec.num_frames, "sampled": len(timing.frame_indices), "family": family,
+        "seconds": medians, "runs": runs,
+        "ratio to plain decode": {name: value / medians["plain decode"] for name, value in medians.items()},
+        "pixels identical": bool(torch.equal(row, reference)),
+    }
+
+
+def _threads(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--threads {text!r}: give thread counts >= 1, comma-separated, e.g. 1,2,4")
+    return counts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse options, run :func:`bench_video`, print its figures."""
+    parser = argparse.ArgumentParser(
+        prog="python -m energon_pack.tools.bench_video", description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--seconds", type=float, default=600.0, help="clip length")
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--height", type=int, default=720)
+    parser.add_argument("--fps", type=int, default=30)
+    parser.add_argument("--keyframe-seconds", type=float, default=1.0, help="seconds between keyframes")
+    parser.add_argument("--noise", type=int, default=20,
+                        help="noise amplitude of the clip's frames (20: ~5 Mbit/s at 720p, a camera clip's decode cost)")
+    parser.add_argument("--max-frames", type=int, default=64, help="the processor's max_frames")
+    parser.add_argument("--threads", type=_threads, default=[1], help="decode_threads counts to time, e.g. 1,2,4")
+    parser.add_argument("--family", default="qwen2.5-vl", choices=["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5"])
+    parser.add_argument("--pixel-dtype", default="uint8", choices=["uint8", "float32"])
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of each setting")
+    parser.add_argument("--clips", type=Path, default=Path(tempfile.gettempdir()) / "energon_pack_clips",
+                        help="folder the generated clips are cached in")
+    args = parser.parse_args(argv)
+    for name in ("seconds", "width", "height", "fps", "keyframe_seconds", "max_frames", "repeats"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
+    if not 0 <= args.noise <= 127:
+        parser.error(f"--noise {args.noise}: must be 0 to 127")
+    figures = bench_video(
+        seconds=args.seconds, width=args.width, height=args.height, fps=args.fps,
+        keyframe_seconds=args.keyframe_seconds, max_frames=args.max_frames, threads=args.threads,
+        family=args.family, repeats=args.repeats, clips=args.clips, pixel_dtype=args.pixel_dtype, noise=args.noise,
+    )
+    print(f"{figures['clip']}: {figures['frames']} frames, {figures['sampled']} sampled, {figures['family']}, "
+          f"medians of {args.repeats}")
+    for name, value in figures["seconds"].items():
+        print(f"  {name:<22} {value:8.2f} s   {figures['ratio to plain decode'][name]:.3f}x plain decode")
+    print(f"  pixels identical: {figures['pixels identical']}")
+    return 0 if figures["pixels identical"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

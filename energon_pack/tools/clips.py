@@ -1,0 +1,126 @@
+"""Long synthetic video clips, cheap to make: the sizes and lengths users train on (minutes of 1080p,
+4K), for the video benchmarks and the worker-memory tests.
+
+A clip is one group of pictures encoded once and muxed again and again: libx264 ``ultrafast``
+encodes one keyframe interval (an IDR frame, then P-frames) cycling through a few distinct flat
+frames (a gradient with a bright bar at 8 positions), or with ``noise``, of a moving texture
+with fresh noise on every frame (a camera clip's bitrate and decode cost), and its packets are written as many
+times as the clip needs, each copy shifted in time. Making a 5-minute 1080p or a 1-minute 4K clip
+then costs one keyframe interval's encoding plus the muxing (seconds), and decoding it costs
+what any H.264 stream of that size and content costs. `cached_clip` keeps each one under a
+folder, keyed by its parameters.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+#: Distinct frames a clip cycles through.
+DISTINCT_FRAMES = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClipSpec:
+    """One H.264 MP4 clip: ``seconds`` long at ``fps`` frames/s, ``width`` x ``height`` pixels, a
+    keyframe every ``keyframe_seconds`` (phones write one a second, web encodes every 2-10 s).
+    Example: ``ClipSpec(seconds=600, width=1280, height=720, keyframe_seconds=1)`` -> 18000 frames."""
+
+    seconds: float
+    width: int
+    height: int
+    fps: int = 30
+    keyframe_seconds: float = 2.0
+    #: 0: a few distinct flat frames (decoding is nearly free); > 0: a moving texture with fresh noise
+    #: of this amplitude on every frame of an interval (about 5 Mbit/s and a camera clip's decode cost at 720p, 20).
+    noise: int = 0
+
+    @property
+    def num_frames(self) -> int:
+        """Frames in the clip: round(seconds * fps)."""
+        return round(self.seconds * self.fps)
+
+    @property
+    def name(self) -> str:
+        """File name carrying every parameter. Example: ``clip_1280x720_600s_30fps_key1.mp4``."""
+        detail = f"_noise{self.noise}" if self.noise else ""
+        return f"clip_{self.width}x{self.height}_{self.seconds:g}s_{self.fps}fps_key{self.keyframe_seconds:g}{detail}.mp4"
+
+    @property
+    def keyframe_interval(self) -> int:
+        """Frames from one keyframe to the next: round(keyframe_seconds * fps), at least 1."""
+        return max(1, round(self.keyframe_seconds * self.fps))
+
+
+def _textured_frames(spec: ClipSpec) -> list[av.VideoFrame]:
+    """One keyframe interval of YUV 4:2:0 frames: an 8x8-block random texture moving 4 pixels a
+    frame, plus fresh noise of amplitude ``spec.noise`` on every frame."""
+    rng = np.random.default_rng(0)
+    texture = rng.integers(0, 256, (spec.height // 8 + 1, spec.width // 8 + 1, 3), dtype=np.uint8)
+    texture = texture.repeat(8, axis=0).repeat(8, axis=1)[: spec.height]
+    frames = []
+    for index in range(spec.keyframe_interval):
+        rgb = np.roll(texture, 4 * index, axis=1)[:, : spec.width].astype(np.int16)
+        rgb += rng.integers(-spec.noise, spec.noise + 1, rgb.shape, dtype=np.int16)
+        frames.append(av.VideoFrame.from_ndarray(rgb.clip(0, 255).astype(np.uint8), format="rgb24").reformat(format="yuv420p"))
+    return frames
+
+
+def _distinct_frames(spec: ClipSpec) -> list[av.VideoFrame]:
+    """`DISTINCT_FRAMES` YUV 4:2:0 frames: a gradient, a bright bar at 8 positions, a red corner mark."""
+    frames = []
+    ramp = np.add.outer(np.linspace(20, 120, spec.height), np.linspace(0, 110, spec.width)).astype(np.uint8)
+    for index in range(DISTINCT_FRAMES):
+        rgb = np.stack([ramp, ramp[::-1], np.full_like(ramp, 90)], axis=-1)
+        column = index * spec.width // DISTINCT_FRAMES
+        rgb[:, column : column + max(4, spec.width // 64)] = 255
+        rgb[: spec.height // 6, : spec.width // 6] = (230, 20, 20)
+        frames.append(av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p"))
+    return frames
+
+
+def make_clip(spec: ClipSpec) -> bytes:
+    """The MP4 bytes of ``spec``: one keyframe interval encoded (libx264 ultrafast, CRF 40, or 27
+    with noise; no B-frames, an IDR frame first), its packets muxed again for every interval, shifted in time."""
+    interval = spec.keyframe_interval
+    frames = _textured_frames(spec) if spec.noise else _distinct_frames(spec)
+    step = 1 if spec.noise else max(1, spec.fps // 2)  # the flat frames' bar moves twice a second
+    buffer = io.BytesIO()
+    options = {"preset": "ultrafast", "crf": "27" if spec.noise else "40", "g": str(interval),
+               "keyint_min": str(interval), "sc_threshold": "0"}
+    with av.open(buffer, mode="w", format="mp4") as output:
+        stream = output.add_stream("libx264", rate=Fraction(spec.fps), options=options)
+        stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, "yuv420p"
+        group = []
+        for index in range(min(interval, spec.num_frames)):
+            frame = frames[(index // step) % DISTINCT_FRAMES]
+            frame.pts = index
+            group.extend(stream.encode(frame))
+        group.extend(stream.encode())
+        for start in range(0, spec.num_frames, interval):
+            for packet in group:
+                if packet.pts - group[0].pts >= spec.num_frames - start:
+                    continue  # the last interval is cut short
+                copy = av.Packet(bytes(packet))
+                copy.pts, copy.dts = packet.pts + start, packet.dts + start
+                copy.time_base, copy.stream = packet.time_base, stream
+                copy.is_keyframe = packet.is_keyframe
+                output.mux(copy)
+    return buffer.getvalue()
+
+
+def cached_clip(folder: str | Path, spec: ClipSpec) -> Path:
+    """The path of ``spec``'s clip under ``folder``, made once (written to a temporary name, then
+    renamed, so a half-written clip is never read)."""
+    path = Path(folder) / spec.name
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(make_clip(spec))
+        partial.rename(path)
+    return path

@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
     bench.add_argument(
-        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "all"), default="all", help="which benchmark to run"
+        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "prepare", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     add_working_folder(bench, "bench")

@@ -48,10 +48,11 @@ WEBM_CODECS = ("vp8", "vp9", "av1")
 
 @dataclass(frozen=True)
 class EmbeddedMedia:
-    """One image or video stored in a row: its bytes, and the item's ``path`` (a name; may be None)."""
+    """One image or video stored in a row: its bytes (None: the item has neither bytes nor a path),
+    and the item's ``path`` (a name; may be None)."""
 
     path: str | None
-    data: bytes
+    data: bytes | None
 
 
 #: A record's embedded media by (kind, position among that kind's items), e.g. ``("image", 0)``.
@@ -160,9 +161,6 @@ class _MediaItems:
     paths: list[str | None]
     data: Any  # pyarrow binary array aligned with paths, or None
 
-    def has_bytes(self) -> list[bool]:
-        return self.data.is_valid().to_pylist() if self.data is not None else [False] * len(self.paths)
-
 
 def _media_items(column: Any, name: str) -> _MediaItems:
     """Split a media column (items, or lists of items) into per-row positions, paths and bytes."""
@@ -256,12 +254,23 @@ class TableInput:
         # Buffered reads: a column chunk is read page by page, never whole.
         return pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
 
-    def _batches(self, columns: list[str] | None, wanted: Callable[[int, int], bool]) -> Iterator[tuple[int, int, Any]]:
+    def _text_columns(self, path: Path) -> list[str] | None:
+        """What the records pass reads of a Parquet file: every column but the media ones' ``bytes``
+        leaves (a struct's path tells a row's item count; None: all columns)."""
+        if path.suffix != ".parquet":
+            return None
+        schema = self._open(path).schema
+        media = [column for column in self.layout.media.values() if column]
+        leaves = [schema.column(i).path for i in range(len(schema))]
+        keep = [leaf for leaf in leaves if leaf.split(".")[0] not in media or not leaf.endswith(".bytes")]
+        return keep if {leaf.split(".")[0] for leaf in keep} == {leaf.split(".")[0] for leaf in leaves} else None
+
+    def _batches(self, columns: Callable[[Path], list[str] | None], wanted: Callable[[int, int], bool]) -> Iterator[tuple[int, int, Any]]:
         """``(first row, rows, record batch or BadSampleError)`` over every row group whose rows
         ``[first, first + rows)`` are ``wanted``; a group that fails to read gives one error for its rest."""
         first = 1
         for path in self.files:
-            for rows, batches in self._groups(path, columns):
+            for rows, batches in self._groups(path, columns(path)):
                 if not wanted(first, rows):
                     first += rows
                     continue
@@ -280,7 +289,7 @@ class TableInput:
         """Each row group (Parquet) or record batch (Arrow) of ``path``: its rows and a reader of its batches."""
         if path.suffix != ".parquet":
             for batch in _open_arrow(path):
-                yield batch.num_rows, lambda batch=batch: iter([batch if columns is None else batch.select(columns)])
+                yield batch.num_rows, lambda batch=batch: iter([batch if columns is None else batch.select(columns)])  # top-level names
             return
         parquet = self._open(path)
         for group in range(parquet.num_row_groups):
@@ -291,33 +300,21 @@ class TableInput:
         """``(row, record)`` of every row (1-based over all files): the JSON reader's record form;
         a row that does not read yields a ``BadSampleError``."""
         media = {kind: column for kind, column in self.layout.media.items() if column}
-        for first, rows, batch in self._batches(None, lambda first, rows: True):
+        for first, rows, batch in self._batches(self._text_columns, lambda first, rows: True):
             if isinstance(batch, BadSampleError):
                 yield from ((first + i, batch) for i in range(rows))
                 continue
             items = {kind: _media_items(batch.column(column), column) for kind, column in media.items()}
-            has_bytes = {kind: columns.has_bytes() for kind, columns in items.items()}
             text = batch.drop_columns(list(media.values())).to_pylist()
             for i, record in enumerate(text):
                 try:
-                    yield first + i, self._record(record, i, items, has_bytes)
+                    yield first + i, self._record(record, i, items)
                 except BadSampleError as err:
                     yield first + i, err
 
-    def _record(self, record: dict[str, Any], row: int, items: dict[str, _MediaItems], has_bytes: dict[str, list[bool]]) -> dict[str, Any]:
-        names: dict[str, list[str]] = {}
-        for kind, columns in items.items():
-            column = self.layout.media[kind]
-            names[kind] = []
-            for position, j in enumerate(columns.rows[row]):
-                path = columns.paths[j]
-                if not has_bytes[kind][j] and not path:
-                    raise BadSampleError(
-                        "empty_media_struct",
-                        f"{kind} {position} of column {column!r} has neither bytes nor a path; fix: store the {kind}'s "
-                        "bytes, or its path under --media-root",
-                    )
-                names[kind].append(path or f"{column}[{position}]")
+    def _record(self, record: dict[str, Any], row: int, items: dict[str, _MediaItems]) -> dict[str, Any]:
+        names = {kind: [columns.paths[j] or f"{self.layout.media[kind]}[{position}]"
+                        for position, j in enumerate(columns.rows[row])] for kind, columns in items.items()}
         conversation = record.pop(self.layout.conversation)
         if isinstance(conversation, str):
             try:
@@ -341,7 +338,7 @@ class TableInput:
         lines = sorted(_lines(placed))
         wanted = _RowsWanted(lines)
         current = next(pending, None)
-        for first, rows, batch in self._batches(list(media.values()), wanted):
+        for first, rows, batch in self._batches(lambda path: list(media.values()), wanted):
             while current is not None and current.line < first + rows:
                 if isinstance(batch, BadSampleError):
                     raise RuntimeError(f"row {current.line} read before but not now ({batch.detail}); was the file changed?")
@@ -371,15 +368,29 @@ class _RowsWanted:
 
 
 def _embedded(batch: Any, row: int, media: dict[str, str]) -> dict[tuple[str, int], EmbeddedMedia]:
-    """The embedded media of ``row`` of ``batch`` by (kind, position)."""
+    """The embedded media of ``row`` of ``batch`` by (kind, position): items with bytes, and items
+    with neither bytes nor a path (``data`` None: ``check_embedded`` refuses them)."""
     embedded: dict[tuple[str, int], EmbeddedMedia] = {}
     for kind, column in media.items():
         items = _media_items(batch.column(column).slice(row, 1), column)
         for position, j in enumerate(items.rows[0]):
             data = None if items.data is None else items.data[j].as_py()
-            if data is not None:
+            if data is not None or not items.paths[j]:
                 embedded[(kind, position)] = EmbeddedMedia(items.paths[j], data)
     return embedded
+
+
+def check_embedded(item: EmbeddedMedia, kind: str, name: str) -> bytes:
+    """The bytes of embedded media; an item with neither bytes nor a path is ``empty_media_struct``.
+
+    Example: ``EmbeddedMedia(None, None)`` -> BadSampleError naming ``name`` and the fix.
+    """
+    if item.data is None:
+        raise BadSampleError(
+            "empty_media_struct",
+            f"{kind} {name!r} has neither bytes nor a path; fix: store the {kind}'s bytes, or its path under --media-root",
+        )
+    return item.data
 
 
 def _open_arrow(path: Path) -> Any:

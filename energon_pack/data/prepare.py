@@ -43,6 +43,7 @@ from energon_pack.data.parquet_records import (
     EmbeddedMedia,
     TableColumns,
     TableInput,
+    check_embedded,
     embedded_extension,
     files_digest,
     is_table_input,
@@ -302,7 +303,7 @@ def build_wds_sample(
                 extension = _media_extension(path, allowed, kind)
                 data = path.read_bytes()
             else:
-                data = item.data
+                data = check_embedded(item, kind, relative)
             header = _check_media_header(data, kind, relative, max_image_pixels=max_image_pixels)
             if item is not None:
                 extension = embedded_extension(item, kind, header, allowed)

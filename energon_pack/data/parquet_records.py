@@ -251,8 +251,9 @@ class TableInput:
     def _open(path: Path) -> Any:
         import pyarrow.parquet as pq
 
-        # Buffered reads: a column chunk is read page by page, never whole.
-        return pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+        # Unbuffered reads: a page is read whole into one buffer (pyarrow writes a row group's media
+        # column as one page); a buffered stream would copy it once more.
+        return pq.ParquetFile(path, buffer_size=0, pre_buffer=False)
 
     def _text_columns(self, path: Path) -> list[str] | None:
         """What the records pass reads of a Parquet file: every column but the media ones' ``bytes``
@@ -339,10 +340,13 @@ class TableInput:
         wanted = _RowsWanted(lines)
         current = next(pending, None)
         for first, rows, batch in self._batches(lambda path: list(media.values()), wanted):
+            if current is None or current.line >= first + rows:
+                continue
+            if isinstance(batch, BadSampleError):
+                raise RuntimeError(f"row {current.line} read before but not now ({batch.detail}); was the file changed?")
+            items = {kind: _media_items(batch.column(column), column) for kind, column in media.items()}
             while current is not None and current.line < first + rows:
-                if isinstance(batch, BadSampleError):
-                    raise RuntimeError(f"row {current.line} read before but not now ({batch.detail}); was the file changed?")
-                yield replace(current, embedded=_embedded(batch, current.line - first, media))
+                yield replace(current, embedded=_embedded(items, current.line - first))
                 current = next(pending, None)
         if current is not None:
             raise RuntimeError(f"row {current.line} of {str(self.path)!r} was not found again when reading its media")
@@ -367,13 +371,12 @@ class _RowsWanted:
         return index < len(self.lines) and self.lines[index] < first + rows
 
 
-def _embedded(batch: Any, row: int, media: dict[str, str]) -> dict[tuple[str, int], EmbeddedMedia]:
-    """The embedded media of ``row`` of ``batch`` by (kind, position): items with bytes, and items
-    with neither bytes nor a path (``data`` None: ``check_embedded`` refuses them)."""
+def _embedded(media: dict[str, _MediaItems], row: int) -> dict[tuple[str, int], EmbeddedMedia]:
+    """The embedded media of ``row`` of a batch's media columns by (kind, position): items with
+    bytes, and items with neither bytes nor a path (``data`` None: ``check_embedded`` refuses them)."""
     embedded: dict[tuple[str, int], EmbeddedMedia] = {}
-    for kind, column in media.items():
-        items = _media_items(batch.column(column).slice(row, 1), column)
-        for position, j in enumerate(items.rows[0]):
+    for kind, items in media.items():
+        for position, j in enumerate(items.rows[row]):
             data = None if items.data is None else items.data[j].as_py()
             if data is not None or not items.paths[j]:
                 embedded[(kind, position)] = EmbeddedMedia(items.paths[j], data)

@@ -285,6 +285,7 @@ class TableInput:
                         yield first + done, rows - done, BadSampleError(
                             "unreadable_row", f"{path.name}: rows {first + done}..{first + rows - 1} do not read ({err})")
                 first += rows
+                _release_unused()
 
     def _groups(self, path: Path, columns: list[str] | None) -> Iterator[tuple[int, Callable[[], Iterator[Any]]]]:
         """Each row group (Parquet) or record batch (Arrow) of ``path``: its rows and a reader of its batches."""
@@ -419,3 +420,10 @@ class _FileBatches:
     def __iter__(self) -> Iterator[Any]:
         return (self.reader.get_batch(i) for i in range(self.reader.num_record_batches))
 
+
+
+def _release_unused() -> None:
+    """Hand the memory pyarrow's pool keeps after a row group back to the system (a hint)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()

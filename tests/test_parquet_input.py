@@ -4,7 +4,6 @@ count; bad rows and options are counted skips and one-line usage errors."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -12,12 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from energon_pack.cli import main as cli_main
 from energon_pack.data.merge import merge_parts
 from energon_pack.data.parquet_records import TableColumns, texts_to_messages
 from energon_pack.data.prepare import prepare_dataset
-from energon_pack.tools.bench_prepare import measure_prepare
 from energon_pack.data.synthetic import (
     SyntheticSpec,
     encode_image,
@@ -26,6 +26,7 @@ from energon_pack.data.synthetic import (
     make_records,
     records_to_parquet,
 )
+from energon_pack.tools.bench_prepare import measure_prepare
 
 OPTIONS = dict(split_ratio="3,1,1", samples_per_shard=3, progress=False)
 CHAT = [{"role": "user", "content": "<image>What?"}, {"role": "assistant", "content": "A cat."}]
@@ -254,3 +255,38 @@ def test_ten_thousand_jpeg_rows_prepare_as_their_json_records(tmp_path):
     report = prepare_dataset(tmp_path / "rows.parquet", tmp_path, tmp_path / "parquet", **options)
     assert report.written == 10_000 and report.images == 10_000
     assert _tree(tmp_path / "parquet") == _tree(tmp_path / "json")
+
+
+ITEMS = st.one_of(st.none(), st.lists(st.one_of(
+    st.none(), st.fixed_dictionaries({"bytes": st.one_of(st.none(), st.binary(min_size=1, max_size=4)),
+                                      "path": st.one_of(st.none(), st.sampled_from(["a.jpg", "b.png"]))})), max_size=3))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(ITEMS, min_size=1, max_size=12), group_rows=st.integers(1, 5), batch_rows=st.integers(1, 4),
+       keep=st.lists(st.booleans(), min_size=12, max_size=12))
+def test_rows_and_their_media_are_read_back_in_order(tmp_path_factory, monkeypatch, rows, group_rows, batch_rows, keep):
+    """Any row groups, batches, null lists, null items and empty structs: the records pass names
+    each row's items, and ``with_media`` attaches exactly the bytes of the rows asked for."""
+    from energon_pack.data import parquet_records
+    from energon_pack.data.parquet_records import EmbeddedMedia, TableInput
+    from energon_pack.data.prepare import PlacedRecord
+
+    monkeypatch.setattr(parquet_records, "BATCH_ROWS", batch_rows)
+    path = tmp_path_factory.mktemp("prop") / "t.parquet"
+    item = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"messages": pa.array([json.dumps(CHAT)] * len(rows)), "images": pa.array(rows, pa.list_(item))})
+    pq.write_table(table, path, row_group_size=group_rows)
+    source = TableInput(path)
+    records = list(source.records())
+    assert [line for line, _ in records] == list(range(1, len(rows) + 1))
+    for (line, record), items in zip(records, rows):
+        assert record["images"] == [(it or {}).get("path") or f"images[{i}]" for i, it in enumerate(items or [])]
+    placed = [PlacedRecord(line, f"k{line}", None, "train", "s") for line in range(1, len(rows) + 1) if keep[line - 1]]
+    attached = list(source.with_media(placed))
+    assert [p.line for p in attached] == [p.line for p in placed]
+    for record in attached:
+        items = rows[record.line - 1] or []
+        expected = {("image", i): EmbeddedMedia((it or {}).get("path"), (it or {}).get("bytes"))
+                    for i, it in enumerate(items) if (it or {}).get("bytes") is not None or not (it or {}).get("path")}
+        assert record.embedded == expected

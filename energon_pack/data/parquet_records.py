@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,10 +53,6 @@ class EmbeddedMedia:
 
     path: str | None
     data: bytes | None
-
-
-#: A record's embedded media by (kind, position among that kind's items), e.g. ``("image", 0)``.
-EmbeddedByPosition = Mapping[tuple[str, int], EmbeddedMedia]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,7 +325,7 @@ class TableInput:
             record.pop(column, None)
         return {**record, "messages": conversation, "images": names.get("image", []), "videos": names.get("video", [])}
 
-    def with_media(self, placed: Iterable[Any]) -> Iterator[Any]:
+    def with_media(self, placed: Sequence[Any]) -> Iterator[Any]:
         """The placed records (``prepare.PlacedRecord``, in row order) with their embedded media
         attached (``embedded``), read again batch by batch (only groups holding one of them)."""
         media = {kind: column for kind, column in self.layout.media.items() if column}
@@ -337,8 +333,7 @@ class TableInput:
             yield from placed
             return
         pending = iter(placed)
-        lines = sorted(_lines(placed))
-        wanted = _RowsWanted(lines)
+        wanted = _RowsWanted(sorted(item.line for item in placed))
         current = next(pending, None)
         for first, rows, batch in self._batches(lambda path: list(media.values()), wanted):
             if current is None or current.line >= first + rows:
@@ -351,12 +346,6 @@ class TableInput:
                 current = next(pending, None)
         if current is not None:
             raise RuntimeError(f"row {current.line} of {str(self.path)!r} was not found again when reading its media")
-
-
-def _lines(placed: Iterable[Any]) -> list[int]:
-    if not isinstance(placed, Sequence):
-        raise TypeError("with_media needs the placed records as a list")
-    return [item.line for item in placed]
 
 
 class _RowsWanted:

@@ -353,7 +353,7 @@ class JsonInput:
     def records(self) -> Iterator[tuple[int, Any]]:
         return iter_input_records(self.path)
 
-    def with_media(self, placed: Iterable[PlacedRecord]) -> Iterator[PlacedRecord]:
+    def with_media(self, placed: Sequence[PlacedRecord]) -> Iterator[PlacedRecord]:
         """The placed records as they are (their media are files under ``--media-root``)."""
         return iter(placed)
 

@@ -1,10 +1,11 @@
 """``energon-pack prepare``: chat records + media files -> an Energon WebDataset.
 
 Input is JSON Lines (or one JSON list) of records in any form ``energon_pack.core.conversation``
-accepts, or a Parquet / ``datasets`` table (``data.parquet_records``: its rows become the same
-records, embedded media included) (an assistant message's ``reasoning_content`` included: Qwen3.5 renders it as the
-turn's ``<think>`` block, docs/qwen35.md). Each good record becomes ``<key>.json`` (typed
-messages) plus ``<key>.<i>.<ext>`` media files copied byte for byte. Problems are reported per record with its line number;
+accepts (an assistant message's ``reasoning_content`` included: Qwen3.5 renders it as the
+turn's ``<think>`` block, docs/qwen35.md), or a Parquet / ``datasets`` table whose rows become the
+same records, embedded media included (``data.parquet_records``; ``open_input`` picks the reader).
+Each good record becomes ``<key>.json`` (typed messages) plus ``<key>.<i>.<ext>`` media files
+copied byte for byte. Problems are reported per record with its line number;
 nothing is pickled.
 
 Records are assigned to the train/val/test splits one by one, in proportion to

@@ -185,6 +185,25 @@ def test_a_row_group_that_does_not_read_is_counted_per_row(tmp_path, monkeypatch
     assert "Corrupt snappy" in report.problems[0].detail
 
 
+def test_media_that_do_not_read_when_written_are_counted_per_row(tmp_path, monkeypatch):
+    """The records pass does not read the media bytes: a group whose media page is corrupt reads
+    there, and its rows are ``unreadable_row`` skips when their media are read."""
+    table = pa.table({"id": [f"r{i}" for i in range(4)], "messages": [json.dumps(CHAT)] * 4,
+                      "images": [[{"bytes": _jpeg(i), "path": None}] for i in range(4)]})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=2)
+    real = pq.ParquetFile.iter_batches
+
+    def broken(self, *args, row_groups=None, columns=None, **kwargs):
+        if row_groups == [0] and columns == ["images"]:
+            raise OSError("Corrupt snappy compressed data.")
+        return real(self, *args, row_groups=row_groups, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", broken)
+    report = prepare_dataset(tmp_path / "t.parquet", tmp_path, tmp_path / "ds", progress=False)
+    assert report.written == 2
+    assert [(p.line, p.record_id, p.reason) for p in report.problems] == [(1, "r0", "unreadable_row"), (2, "r1", "unreadable_row")]
+
+
 def _cli(capsys, *argv: str) -> tuple[int, str]:
     code = cli_main(["prepare", *argv])
     return code, capsys.readouterr().err

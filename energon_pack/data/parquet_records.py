@@ -327,7 +327,9 @@ class TableInput:
 
     def with_media(self, placed: Sequence[Any]) -> Iterator[Any]:
         """The placed records (``prepare.PlacedRecord``, in row order) with their embedded media
-        attached (``embedded``), read again batch by batch (only groups holding one of them)."""
+        attached (``embedded``), read again batch by batch (only groups holding one of them); rows
+        whose media do not read get ``media_error`` (``unreadable_row``: the records pass does not
+        read the media bytes)."""
         media = {kind: column for kind, column in self.layout.media.items() if column}
         if not media:
             yield from placed
@@ -338,11 +340,13 @@ class TableInput:
         for first, rows, batch in self._batches(lambda path: list(media.values()), wanted):
             if current is None or current.line >= first + rows:
                 continue
-            if isinstance(batch, BadSampleError):
-                raise RuntimeError(f"row {current.line} read before but not now ({batch.detail}); was the file changed?")
-            items = {kind: _media_items(batch.column(column), column) for kind, column in media.items()}
+            items = None if isinstance(batch, BadSampleError) else {
+                kind: _media_items(batch.column(column), column) for kind, column in media.items()}
             while current is not None and current.line < first + rows:
-                yield replace(current, embedded=_embedded(items, current.line - first))
+                if items is None:
+                    yield replace(current, media_error=batch)
+                else:
+                    yield replace(current, embedded=_embedded(items, current.line - first))
                 current = next(pending, None)
         if current is not None:
             raise RuntimeError(f"row {current.line} of {str(self.path)!r} was not found again when reading its media")

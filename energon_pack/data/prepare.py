@@ -585,8 +585,10 @@ class PlacedRecord:
     record: ChatRecord
     split: str
     shard: str
-    #: Media stored in the record's table row (``TableInput.with_media`` attaches them when it is written).
+    #: Media stored in the record's table row (``TableInput.with_media`` attaches them when it is
+    #: written), or why they could not be read (the record is skipped for it).
     embedded: Mapping[tuple[str, int], EmbeddedMedia] = field(default_factory=dict)
+    media_error: BadSampleError | None = None
 
 
 def place_records(
@@ -662,6 +664,8 @@ class BuiltSample:
 def build_placed(placed: PlacedRecord, checks: MediaChecks, recorder: Any) -> BuiltSample:
     """Read and check the media of ``placed`` and measure its facts (``recorder.sample_facts``)."""
     counted = PrepareReport(out_dir=checks.media_root)
+    if placed.media_error is not None:
+        return BuiltSample(None, error=placed.media_error)
     try:
         sample = build_wds_sample(
             placed.key, placed.record, checks.media_root, verify_media=checks.verify_media,

@@ -19,9 +19,13 @@ _PREPARE_OPTIONS = (
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
+    from energon_pack.data.parquet_records import TableColumns
     from energon_pack.data.prepare import prepare_dataset
 
     options = {name: getattr(args, name) for name in _PREPARE_OPTIONS}
+    options["columns"] = TableColumns(
+        conversation=args.conversation_column, image=args.image_column, video=args.video_column
+    )
     return _print_prepare_report(
         "prepare",
         lambda: prepare_dataset(args.input, args.media_root, args.out, processor=_prepare_processor(args.processor), **options),
@@ -168,7 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     prepare = command("prepare", "chat records + media -> Energon WebDataset")
-    prepare.add_argument("input", type=Path, help="JSON Lines (or JSON list) of chat records")
+    prepare.add_argument(
+        "input", type=Path,
+        help="JSON Lines (or JSON list) of chat records, or Parquet: a .parquet file, a folder of them, or a Hugging "
+        "Face datasets save_to_disk folder (images/videos as {bytes, path} structs, paths or bytes)",
+    )
     prepare.add_argument("--media-root", type=Path, required=True, help="folder the records' media paths are relative to")
     prepare.add_argument("--out", type=Path, required=True, help="dataset folder to write")
     prepare.add_argument(
@@ -207,6 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--part", default=None, metavar="I/N",
         help="write only part I of N (0..N-1) of the shards, e.g. one job of an array; then `energon-pack merge OUT` "
         "(default: the whole dataset)",
+    )
+    columns = prepare.add_argument_group("Parquet / datasets input (columns detected when not named)")
+    columns.add_argument(
+        "--conversation-column", default=None, metavar="NAME",
+        help="column of the conversations (default: the first of messages, conversations, texts)",
+    )
+    columns.add_argument(
+        "--image-column", default=None, metavar="NAME",
+        help="column of the images: items or lists of {bytes, path} structs, paths or bytes (default: images or "
+        "image; '' for none)",
+    )
+    columns.add_argument(
+        "--video-column", default=None, metavar="NAME",
+        help="column of the videos, as --image-column (default: videos or video; '' for none)",
     )
     prepare.set_defaults(func=_cmd_prepare)
 
@@ -262,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
     bench.add_argument(
-        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "all"), default="all", help="which benchmark to run"
+        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     add_working_folder(bench, "bench")

@@ -2,8 +2,10 @@
 
 Input is JSON Lines (or one JSON list) of records in any form ``energon_pack.core.conversation``
 accepts (an assistant message's ``reasoning_content`` included: Qwen3.5 renders it as the
-turn's ``<think>`` block, docs/qwen35.md). Each good record becomes ``<key>.json`` (typed
-messages) plus ``<key>.<i>.<ext>`` media files copied byte for byte. Problems are reported per record with its line number;
+turn's ``<think>`` block, docs/qwen35.md), or a Parquet / ``datasets`` table whose rows become the
+same records, embedded media included (``data.parquet_records``; ``open_input`` picks the reader).
+Each good record becomes ``<key>.json`` (typed messages) plus ``<key>.<i>.<ext>`` media files
+copied byte for byte. Problems are reported per record with its line number;
 nothing is pickled.
 
 Records are assigned to the train/val/test splits one by one, in proportion to
@@ -29,7 +31,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -38,6 +40,15 @@ from typing import Any, Literal
 from energon_pack.config.row_layout import DEFAULT_MAX_IMAGE_PIXELS
 from energon_pack.core.conversation import ChatRecord, check_no_assistant_media, parse_record
 from energon_pack.core.tables import format_table
+from energon_pack.data.parquet_records import (
+    EmbeddedMedia,
+    TableColumns,
+    TableInput,
+    check_embedded,
+    embedded_extension,
+    files_digest,
+    is_table_input,
+)
 from energon_pack.errors import BadSampleError, UsageError
 from energon_pack.core.samples import (
     CONVERSATION_PART,
@@ -275,20 +286,28 @@ def build_wds_sample(
     verify_media: bool = False,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     report: PrepareReport | None = None,
+    embedded: Mapping[tuple[str, int], EmbeddedMedia] | None = None,
 ) -> dict[str, Any]:
     """The WebDataset sample dict of one record (media read as bytes and header-checked; fully
     decoded too with ``verify_media``). With ``report``, its media are counted there
-    (``media_kinds``, ``oriented_images``) once the whole record passed."""
+    (``media_kinds``, ``oriented_images``) once the whole record passed. ``embedded`` holds the
+    media stored in a table row by (kind, position); the others are paths under ``media_root``."""
     sample: dict[str, Any] = {"__key__": key}
     sample[CONVERSATION_PART] = json.dumps(record.messages, ensure_ascii=False).encode("utf-8")
     kinds: list[tuple[str, str, str]] = []
     oriented = 0
     for kind, paths, allowed in (("image", record.images, IMAGE_EXTENSIONS), ("video", record.videos, VIDEO_EXTENSIONS)):
         for index, relative in enumerate(paths):
-            path = resolve_media_path(media_root, relative)
-            extension = _media_extension(path, allowed, kind)
-            data = path.read_bytes()
+            item = None if embedded is None else embedded.get((kind, index))
+            if item is None:
+                path = resolve_media_path(media_root, relative)
+                extension = _media_extension(path, allowed, kind)
+                data = path.read_bytes()
+            else:
+                data = check_embedded(item, kind, relative)
             header = _check_media_header(data, kind, relative, max_image_pixels=max_image_pixels)
+            if item is not None:
+                extension = embedded_extension(item, kind, header, allowed)
             if verify_media:
                 _check_media_decodes(data, kind, relative, header)
             kinds.append(media_kind(kind, extension, header))
@@ -322,12 +341,45 @@ def write_energon_metadata(out_dir: Path, shard_names: list[str]) -> None:
     (out_dir / ".nv-meta" / "dataset.yaml").write_text(DATASET_YAML, encoding="utf-8")
 
 
-def check_inputs(input_path: Path, media_root: Path) -> None:
-    """Raise ``UsageError`` when the records file or the media folder is not there."""
-    if not input_path.is_file():
-        what = "is a folder" if input_path.is_dir() else "not found"
+@dataclass(frozen=True)
+class JsonInput:
+    """A JSON Lines (or JSON list) records file: its records, and their media as paths only."""
+
+    path: Path
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.path]
+
+    def records(self) -> Iterator[tuple[int, Any]]:
+        return iter_input_records(self.path)
+
+    def with_media(self, placed: Sequence[PlacedRecord]) -> Iterator[PlacedRecord]:
+        """The placed records as they are (their media are files under ``--media-root``)."""
+        return iter(placed)
+
+
+def open_input(input_path: Path, columns: TableColumns) -> JsonInput | TableInput:
+    """The records input at ``input_path``: a table (``data.parquet_records``) or a JSON records
+    file; column options on JSON input are a ``UsageError``."""
+    if is_table_input(input_path):
+        return TableInput(input_path, columns)
+    named = [f"--{kind}-column" for kind in ("conversation", "image", "video") if getattr(columns, kind) is not None]
+    if named:
         raise UsageError(
-            f"input file {str(input_path)!r} {what}; fix: pass a JSON Lines file (or JSON list) of chat records"
+            f"{named[0]} names a Parquet column, but {str(input_path)!r} is not Parquet input; fix: drop it (JSON "
+            "records name their fields messages/conversations, images, videos)"
+        )
+    return JsonInput(input_path)
+
+
+def check_inputs(input_path: Path, media_root: Path) -> None:
+    """Raise ``UsageError`` when the records (a file, or a Parquet / ``datasets`` folder) or the media folder is not there."""
+    if not input_path.is_file() and not is_table_input(input_path):
+        what = "is a folder without .parquet files" if input_path.is_dir() else "not found"
+        raise UsageError(
+            f"input {str(input_path)!r} {what}; fix: pass a JSON Lines file (or JSON list) of chat records, a "
+            ".parquet file, a folder of them, or a datasets save_to_disk folder"
         )
     if not media_root.is_dir():
         raise UsageError(
@@ -344,11 +396,14 @@ def _staging_folder(out: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
 
 
-def run_identity(input_path: Path, options: dict[str, Any]) -> dict[str, Any]:
-    """What the parts of one run share: the records file's SHA-256 and the options that shape the
-    dataset (not ``--media-root``, which may be mounted elsewhere on each machine, nor ``--workers``)."""
-    with input_path.open("rb") as records:
-        return {"records_sha256": hashlib.file_digest(records, "sha256").hexdigest(), **options}
+def run_identity(files: Sequence[Path], options: dict[str, Any]) -> dict[str, Any]:
+    """What the parts of one run share: the SHA-256 of the records file (of a table's files, in
+    order: ``files_digest``) and the options that shape the dataset (not ``--media-root``, which may
+    be mounted elsewhere on each machine, nor ``--workers``)."""
+    if len(files) == 1 and files[0].suffix != ".parquet":
+        with files[0].open("rb") as records:
+            return {"records_sha256": hashlib.file_digest(records, "sha256").hexdigest(), **options}
+    return {"records_sha256": files_digest(files), **options}
 
 
 def part_manifests(out: Path) -> list[Path]:
@@ -445,6 +500,7 @@ def prepare_dataset(
     processor: Any = None,
     workers: int = 1,
     part: str | None = None,
+    columns: TableColumns = TableColumns(),
 ) -> PrepareReport:
     """Write the records of ``input_path`` as an Energon WebDataset under ``out_dir``.
 
@@ -465,6 +521,8 @@ def prepare_dataset(
     same. ``part="I/N"`` writes only part I of N of the shards plus a part manifest
     (``PART_MANIFEST``) into ``out_dir``; ``data.merge.merge_parts`` then writes the metadata once
     all N parts are there, the dataset a single run writes.
+    ``input_path`` may be a Parquet file, a folder of them or a ``datasets`` ``save_to_disk``
+    folder (``data.parquet_records``; ``columns`` names its columns, None: detected).
     """
     splits = parse_split_ratio(split_ratio)
     check_positive_int(max_image_pixels, "--max-image-pixels", f", e.g. {DEFAULT_MAX_IMAGE_PIXELS}")
@@ -474,6 +532,7 @@ def prepare_dataset(
         raise ValueError(f"on_error={on_error!r} must be 'skip' or 'fail'")
     part_of = None if part is None else parse_part(part)
     check_inputs(Path(input_path), Path(media_root))
+    source = open_input(Path(input_path), columns)
     out = Path(out_dir)
     if part_of is not None:
         _check_part_out(out)
@@ -484,13 +543,13 @@ def prepare_dataset(
     checks = MediaChecks(Path(media_root), verify_media, max_image_pixels)
     try:
         items = place_records(
-            Path(input_path), splits, samples_per_shard=samples_per_shard, allow_assistant_media=allow_assistant_media
+            source.records(), splits, samples_per_shard=samples_per_shard, allow_assistant_media=allow_assistant_media
         )
         desc = "prepare" + (" (decoding media)" if verify_media else "") + ("" if part is None else f" part {part}")
         if part_of is not None:
             items = part_items(items, *part_of)
         report = _write_shards(
-            items, staging, checks, recorder, workers=workers, on_error=on_error, progress=progress, desc=desc
+            items, source, staging, checks, recorder, workers=workers, on_error=on_error, progress=progress, desc=desc
         )
         report.split_counts = {name: report.split_counts.get(name, 0) for name, _ in splits}
         if part_of is None:
@@ -504,8 +563,9 @@ def prepare_dataset(
                 split_ratio=split_ratio, on_error=on_error, samples_per_shard=samples_per_shard,
                 allow_assistant_media=allow_assistant_media, verify_media=verify_media,
                 max_image_pixels=max_image_pixels, processor=recorder.fingerprint,
+                **({} if isinstance(source, JsonInput) else {"columns": vars(source.layout)}),
             )
-            _write_part_manifest(staging, report, recorder, part_of, run=run_identity(Path(input_path), options),
+            _write_part_manifest(staging, report, recorder, part_of, run=run_identity(source.files, options),
                                  input_path=str(input_path))
             _move_part_into_place(staging, out)
     except BaseException:
@@ -525,12 +585,16 @@ class PlacedRecord:
     record: ChatRecord
     split: str
     shard: str
+    #: Media stored in the record's table row (``TableInput.with_media`` attaches them when it is
+    #: written), or why they could not be read (the record is skipped for it).
+    embedded: Mapping[tuple[str, int], EmbeddedMedia] = field(default_factory=dict)
+    media_error: BadSampleError | None = None
 
 
 def place_records(
-    input_path: Path, splits: list[tuple[str, float]], *, samples_per_shard: int, allow_assistant_media: bool
+    records: Iterable[tuple[int, Any]], splits: list[tuple[str, float]], *, samples_per_shard: int, allow_assistant_media: bool
 ) -> list[PlacedRecord | RecordProblem]:
-    """Every record of ``input_path`` in order: placed, or the problem that skips it for its text
+    """Every ``(line, record)`` of ``records`` in order: placed, or the problem that skips it for its text
     (JSON, form, id, a duplicate id, media in an assistant turn unless ``allow_assistant_media``).
 
     The place depends on the records' text and order only, never on their media or on a process,
@@ -545,7 +609,7 @@ def place_records(
     counts = [0] * len(splits)
     seen_keys: set[str] = set()
     items: list[PlacedRecord | RecordProblem] = []
-    for line, record in iter_input_records(input_path):
+    for line, record in records:
         record_id = record.get("id") if isinstance(record, dict) else None
         try:
             if isinstance(record, BadSampleError):
@@ -600,10 +664,12 @@ class BuiltSample:
 def build_placed(placed: PlacedRecord, checks: MediaChecks, recorder: Any) -> BuiltSample:
     """Read and check the media of ``placed`` and measure its facts (``recorder.sample_facts``)."""
     counted = PrepareReport(out_dir=checks.media_root)
+    if placed.media_error is not None:
+        return BuiltSample(None, error=placed.media_error)
     try:
         sample = build_wds_sample(
             placed.key, placed.record, checks.media_root, verify_media=checks.verify_media,
-            max_image_pixels=checks.max_image_pixels, report=counted,
+            max_image_pixels=checks.max_image_pixels, report=counted, embedded=placed.embedded,
         )
     except BadSampleError as err:
         return BuiltSample(None, error=err)
@@ -630,7 +696,7 @@ def _build_in_worker(chunk: list[PlacedRecord]) -> list[BuiltSample]:
     return [build_placed(placed, *_worker_state) for placed in chunk]
 
 
-def build_all(placed: list[PlacedRecord], checks: MediaChecks, recorder: Any, workers: int) -> Iterator[BuiltSample]:
+def build_all(placed: Iterable[PlacedRecord], checks: MediaChecks, recorder: Any, workers: int) -> Iterator[BuiltSample]:
     """``build_placed`` of every record of ``placed``, in order; with ``workers`` >= 2 in that many
     spawned processes (torch and PyAV are not fork-safe), each with its own ``recorder.processor``,
     at most ``workers * CHUNKS_AHEAD`` chunks of ``WORKER_CHUNK`` records ahead of the caller."""
@@ -640,7 +706,8 @@ def build_all(placed: list[PlacedRecord], checks: MediaChecks, recorder: Any, wo
         return
     import multiprocessing
 
-    chunks = (placed[start:start + WORKER_CHUNK] for start in range(0, len(placed), WORKER_CHUNK))
+    records = iter(placed)
+    chunks = iter(lambda: list(islice(records, WORKER_CHUNK)), [])
     context = multiprocessing.get_context("spawn")
     with context.Pool(workers, initializer=_start_worker, initargs=(checks, recorder.processor)) as pool:
         pending = deque(pool.apply_async(_build_in_worker, (chunk,)) for chunk in islice(chunks, workers * CHUNKS_AHEAD))
@@ -652,6 +719,7 @@ def build_all(placed: list[PlacedRecord], checks: MediaChecks, recorder: Any, wo
 
 def _write_shards(
     items: list[PlacedRecord | RecordProblem],
+    source: JsonInput | TableInput,
     out: Path,
     checks: MediaChecks,
     recorder: Any,
@@ -662,13 +730,15 @@ def _write_shards(
     desc: str,
 ) -> PrepareReport:
     """Write the placed records of ``items`` into their shards under ``out/shards`` (each sample's
-    facts to ``recorder``); report them and every problem, in record order."""
+    facts to ``recorder``, their embedded media from ``source``); report them and every problem, in
+    record order."""
     import webdataset as wds
     from tqdm import tqdm
 
     (out / "shards").mkdir()
     report = PrepareReport(out_dir=out)
-    built = build_all([item for item in items if isinstance(item, PlacedRecord)], checks, recorder, workers)
+    placed = [item for item in items if isinstance(item, PlacedRecord)]
+    built = build_all(source.with_media(placed), checks, recorder, workers)
     writers: dict[str, tuple[str, Any]] = {}  # split -> (shard name, its open writer)
     try:
         for item in tqdm(items, desc=desc, unit="rec", disable=not progress):

@@ -239,3 +239,54 @@ def make_synthetic_dataset(
         records, out / "raw", out / "dataset",
         split_ratio=split_ratio, samples_per_shard=samples_per_shard, progress=progress,
     )
+
+
+def make_jpeg_records(raw_dir: Path, num_samples: int, *, seed: int = 0, side: int = 128) -> Path:
+    """Write ``num_samples`` one-JPEG chat records (``side`` x ``side`` photo-like images) and their
+    files under ``raw_dir``; return the JSONL path. The many-rows input of ``bench --stage prepare``.
+
+    Example: ``make_jpeg_records(tmp, 2)`` -> ``tmp/records.jsonl`` with records ``j00000``,
+    ``j00001``, each ``{"messages": [user "<image>...", assistant "..."], "images": ["j0000i.jpg"]}``.
+    """
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    records_path = raw_dir / "records.jsonl"
+    with records_path.open("w", encoding="utf-8") as records:
+        for index in range(num_samples):
+            name = f"j{index:05d}.jpg"
+            (raw_dir / name).write_bytes(encode_image(_smooth_pixels(rng, side, side), "JPEG", "RGB"))
+            messages = [{"role": "user", "content": "<image>\n" + _sentence(rng, 3, 20)},
+                        {"role": "assistant", "content": _sentence(rng, 3, 40)}]
+            records.write(json.dumps({"id": f"j{index:05d}", "messages": messages, "images": [name]}) + "\n")
+    return records_path
+
+
+def records_to_parquet(
+    records_path: Path, media_root: Path, out_path: Path, *, row_group_rows: int = 100, keep_paths: bool = True
+) -> Path:
+    """Write the JSONL records of ``make_records`` / ``make_jpeg_records`` as one Parquet file the
+    way the Hub ships such data: ``id``, ``messages`` (role, content strings), and ``images`` /
+    ``videos`` lists of ``{"bytes", "path"}`` structs holding each file's bytes (``path``: its name,
+    None without ``keep_paths``), ``row_group_rows`` rows per row group (written group by group).
+
+    Example: 3 records, ``row_group_rows=2`` -> a file of 2 row groups whose rows prepare into
+    the shards the JSON records prepare into.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    media = pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    schema = pa.schema([("id", pa.string()), ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+                        ("images", media), ("videos", media)])
+
+    def row(record: dict[str, Any]) -> dict[str, Any]:
+        items = {kind: [{"bytes": (media_root / name).read_bytes(), "path": name if keep_paths else None}
+                        for name in record.get(kind, [])] for kind in ("images", "videos")}
+        return {"id": record["id"], "messages": record["messages"], **items}
+
+    lines = records_path.read_text(encoding="utf-8").splitlines()
+    with pq.ParquetWriter(out_path, schema) as writer:
+        for start in range(0, len(lines), row_group_rows):
+            rows = [row(json.loads(line)) for line in lines[start:start + row_group_rows]]
+            writer.write_table(pa.Table.from_pylist(rows, schema=schema), row_group_size=row_group_rows)
+    return out_path

@@ -20,6 +20,8 @@ ratio holds on a noisy machine.
   pickle load included) against the same sample in our format (prints its own table).
 - ``jpeg`` (`bench_jpeg`): the optional fast JPEG decode (``RowLayout.fast_jpeg_decode``, "ours")
   against the exact path ("HF"): images/s, max abs difference and PSNR of the patches.
+- ``prepare`` (`bench_prepare`): ``prepare`` from Parquet with embedded JPEGs against the same
+  records as JSON + files: samples/s and peak memory next to one row group.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from energon_pack.tools.bench_loader import bench_loader, loader_options
 from energon_pack.tools.bench_plan import bench_plan, plan_options
 from energon_pack.tools.bench_postencode import bench_postencode
 from energon_pack.tools.bench_preencode import bench_preencode
+from energon_pack.tools.bench_prepare import bench_prepare, prepare_options
 from energon_pack.tools.common import BenchRows
 
 __all__ = ["BENCHES", "STAGES", "TABLE_COLUMNS", "run_bench"]
@@ -50,13 +53,14 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "jpeg": bench_jpeg,
     "plan": bench_plan,
     "foreign": bench_foreign,
+    "prepare": bench_prepare,
 }
 #: Stages whose benchmark takes options from the command line and prints its own tables.
 OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
-    "loader": loader_options, "plan": plan_options, "foreign": lambda args: None,
+    "loader": loader_options, "plan": plan_options, "foreign": lambda args: None, "prepare": prepare_options,
 }
 #: Stages of ``--stage all``, in run order.
-STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign")
+STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare")
 
 
 def run_bench(args: argparse.Namespace) -> int:

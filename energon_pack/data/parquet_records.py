@@ -1,0 +1,422 @@
+"""Parquet and Hugging Face ``datasets`` input of ``energon-pack prepare``.
+
+A table input is a ``.parquet`` file, a folder of them (searched recursively, sorted by path), or a
+folder written by ``datasets.Dataset.save_to_disk`` (``state.json`` naming its Arrow stream files,
+read with pyarrow: ``datasets`` is not needed). Its rows become the records the JSON reader yields
+(``TableInput.records``), numbered from 1 over all files in order, so ``prepare`` writes them the
+way it writes JSON records:
+
+- the conversation column (``messages``, ``conversations`` or ``texts``, or ``--conversation-column``)
+  holds messages in any form ``core.conversation`` accepts, a JSON string of them, or the
+  ``{"user", "assistant"}`` turn pairs HuggingFaceM4/the_cauldron writes (its images go before the
+  first user text);
+- the image and video columns (``images``/``image``, ``videos``/``video``, or ``--image-column`` /
+  ``--video-column``) hold one item or a list of them per row: a ``{"bytes", "path"}`` struct (the
+  ``datasets`` Image/Video feature), a path string, or raw bytes. Bytes are embedded media and become
+  shard members byte for byte (``TableInput.with_media`` fetches them again when the record is
+  written, so memory holds one record batch, never the file); a path alone is read from
+  ``--media-root`` as a JSON record's path is;
+- every other column is passed through as a record field (``id``, ``tools``, ...).
+
+The record's ``images``/``videos`` hold each item's path, or ``<column>[i]`` for embedded bytes
+without one (names for messages only: the bytes are found by position, ``EmbeddedMedia``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from energon_pack.errors import BadSampleError, UsageError
+
+CONVERSATION_COLUMNS = ("messages", "conversations", "texts")
+MEDIA_COLUMNS = {"image": ("images", "image"), "video": ("videos", "video")}
+#: Rows per record batch read at a time: memory holds one batch of one row group, not the file.
+BATCH_ROWS = 64
+#: ``save_to_disk``'s file listing its Arrow files (``_data_files``), and a ``DatasetDict``'s.
+STATE_FILE = "state.json"
+DATASET_DICT_FILE = "dataset_dict.json"
+#: Image format (PIL) and video demuxer (FFmpeg) -> file extension, for embedded media without a path.
+IMAGE_FORMAT_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif"}
+VIDEO_CONTAINER_EXTENSIONS = {"mov,mp4,m4a,3gp,3g2,mj2": "mp4", "matroska,webm": "mkv", "avi": "avi"}
+WEBM_CODECS = ("vp8", "vp9", "av1")
+
+
+@dataclass(frozen=True)
+class EmbeddedMedia:
+    """One image or video stored in a row: its bytes (None: the item has neither bytes nor a path),
+    and the item's ``path`` (a name; may be None)."""
+
+    path: str | None
+    data: bytes | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableColumns:
+    """Column names chosen by options (None: detect; ``""`` for a media column: none)."""
+
+    conversation: str | None = None
+    image: str | None = None
+    video: str | None = None
+
+
+def is_table_input(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file, a folder holding some, or a ``save_to_disk`` folder.
+
+    Example: ``data.parquet`` -> True; ``records.jsonl`` -> False; a folder of ``*.parquet`` -> True.
+    """
+    if path.is_file():
+        return path.suffix == ".parquet"
+    return path.is_dir() and ((path / STATE_FILE).is_file() or (path / DATASET_DICT_FILE).is_file()
+                              or any(path.rglob("*.parquet")))
+
+
+def table_files(path: Path) -> list[Path]:
+    """The files of a table input in row order; ``UsageError`` for a ``DatasetDict`` folder."""
+    if path.is_file():
+        return [path]
+    if (path / DATASET_DICT_FILE).is_file() and not (path / STATE_FILE).is_file():
+        splits = json.loads((path / DATASET_DICT_FILE).read_text(encoding="utf-8")).get("splits", [])
+        raise UsageError(
+            f"{str(path)!r} is a saved DatasetDict (splits {', '.join(map(str, splits))}); fix: pass one split's "
+            f"folder, e.g. {str(path / (splits[0] if splits else 'train'))!r}"
+        )
+    if (path / STATE_FILE).is_file():
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        return [path / entry["filename"] for entry in state["_data_files"]]
+    return sorted(path.rglob("*.parquet"))
+
+
+def files_digest(files: Sequence[Path]) -> str:
+    """SHA-256 over the files' names and bytes, in order (what the parts of one run share)."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode("utf-8") + b"\0")
+        with path.open("rb") as data:
+            digest.update(hashlib.file_digest(data, "sha256").digest())
+    return digest.hexdigest()
+
+
+def embedded_extension(item: EmbeddedMedia, kind: str, header: Any, allowed: tuple[str, ...]) -> str:
+    """The member extension of embedded media: its path's when allowed, else from the header facts.
+
+    Example: ``path="cat.png"`` -> ``"png"``; ``path=None`` and a JPEG header -> ``"jpg"``; a
+    ``matroska,webm`` container with VP9 -> ``"webm"``.
+    """
+    suffix = Path(item.path or "").suffix.lower().lstrip(".")
+    if suffix in allowed:
+        return suffix
+    if kind == "image":
+        extension = IMAGE_FORMAT_EXTENSIONS.get(header.format)
+    else:
+        extension = VIDEO_CONTAINER_EXTENSIONS.get(header.container)
+        if extension == "mkv" and header.codec in WEBM_CODECS:
+            extension = "webm"
+    if extension is None:
+        found = header.format if kind == "image" else header.container
+        raise BadSampleError(
+            "unsupported_media", f"embedded {kind} {item.path or ''!r} is {found}; store one of {', '.join(allowed)}"
+        )
+    return extension
+
+
+def texts_to_messages(turns: Any, num_images: int) -> list[dict[str, Any]]:
+    """the_cauldron's ``texts`` turn pairs -> messages, the row's images before the first user text.
+
+    Example: ``[{"user": "What?", "assistant": "A cat."}]`` with 1 image ->
+    ``[{"role": "user", "content": [image, text "What?"]}, {"role": "assistant", "content": "A cat."}]``.
+    """
+    messages: list[dict[str, Any]] = []
+    for turn in turns:
+        if not isinstance(turn.get("user"), str) or not isinstance(turn.get("assistant"), str):
+            raise BadSampleError(
+                "malformed_conversation", f"turn {turn!r} needs 'user' and 'assistant' strings (the_cauldron layout)"
+            )
+        media = [{"type": "image"}] * (num_images if not messages else 0)
+        messages.append({"role": "user", "content": [*media, {"type": "text", "text": turn["user"]}]})
+        messages.append({"role": "assistant", "content": turn["assistant"]})
+    return messages
+
+
+def _is_turn_pairs(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(turn, Mapping) and ("user" in turn or "assistant" in turn) and not {"role", "from"} & set(turn)
+        for turn in value
+    )
+
+
+@dataclass(frozen=True)
+class _MediaItems:
+    """A media column of one record batch: each row's item positions into ``paths`` / ``data``."""
+
+    rows: list[range]
+    paths: list[str | None]
+    data: Any  # pyarrow binary array aligned with paths, or None
+
+
+def _media_items(column: Any, name: str) -> _MediaItems:
+    """Split a media column (items, or lists of items) into per-row positions, paths and bytes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        lengths = pc.fill_null(pc.list_value_length(column), 0).to_pylist()
+        flat = column.flatten()
+    else:
+        lengths = [int(valid) for valid in column.is_valid().to_pylist()]
+        flat = column
+    starts = [0]
+    for length in lengths:
+        starts.append(starts[-1] + length)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        rows = [range(starts[i], starts[i + 1]) for i in range(len(lengths))]
+    else:  # a null cell holds no item: position i is the row's own
+        rows = [range(i, i + length) for i, length in enumerate(lengths)]
+    item = flat.type
+    if pa.types.is_struct(item) and {"bytes", "path"} & {field.name for field in item}:
+        fields = {field.name for field in item}
+        paths = pc.struct_field(flat, "path").to_pylist() if "path" in fields else [None] * len(flat)
+        return _MediaItems(rows, paths, pc.struct_field(flat, "bytes") if "bytes" in fields else None)
+    if pa.types.is_string(item) or pa.types.is_large_string(item):
+        return _MediaItems(rows, flat.to_pylist(), None)
+    if pa.types.is_binary(item) or pa.types.is_large_binary(item):
+        return _MediaItems(rows, [None] * len(flat), flat)
+    raise UsageError(
+        f"media column {name!r} holds {item}; fix: name a column of {{bytes, path}} structs, path strings or bytes "
+        "(or lists of them) with --image-column / --video-column"
+    )
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The columns a table input is read with (``None``: no such column)."""
+
+    conversation: str
+    media: dict[str, str | None]  # kind -> column
+
+
+class TableInput:
+    """A Parquet / ``save_to_disk`` input: its records (text, media names) and, later, their media bytes."""
+
+    def __init__(self, path: Path, columns: TableColumns = TableColumns()) -> None:
+        self.path = path
+        self.files = table_files(path)
+        if not self.files:
+            raise UsageError(f"{str(path)!r} holds no .parquet file; fix: pass a Parquet file or a folder of them")
+        self.layout = self._detect(columns)
+
+    def _schema_names(self, path: Path) -> list[str]:
+        try:
+            schema = self._open(path).schema_arrow if path.suffix == ".parquet" else _open_arrow(path).schema
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError
+            raise UsageError(f"{str(path)!r} does not open as a table ({err}); fix: pass a Parquet file or a "
+                             "save_to_disk folder") from None
+        return list(schema.names)
+
+    def _detect(self, columns: TableColumns) -> _Layout:
+        names = self._schema_names(self.files[0])
+        options = {"conversation": columns.conversation, "image": columns.image, "video": columns.video}
+        for kind, name in options.items():
+            if name and name not in names:
+                raise UsageError(
+                    f"--{kind}-column {name!r} is not a column of {str(self.files[0])!r} (columns: {', '.join(names)}); "
+                    f"fix: pass one of its columns"
+                )
+        conversation = columns.conversation or next((n for n in CONVERSATION_COLUMNS if n in names), None)
+        if conversation is None:
+            raise UsageError(
+                f"{str(self.files[0])!r} has none of the conversation columns {', '.join(CONVERSATION_COLUMNS)} "
+                f"(columns: {', '.join(names)}); fix: name it with --conversation-column"
+            )
+        media = {kind: (options[kind] if options[kind] is not None else next((n for n in MEDIA_COLUMNS[kind] if n in names), None))
+                 for kind in MEDIA_COLUMNS}
+        layout = _Layout(conversation, {kind: column or None for kind, column in media.items()})
+        for path in self.files[1:]:
+            missing = [n for n in (conversation, *filter(None, layout.media.values())) if n not in self._schema_names(path)]
+            if missing:
+                raise UsageError(f"{str(path)!r} has no column {missing[0]!r}, which {str(self.files[0])!r} has; "
+                                 "fix: pass files of one table layout")
+        return layout
+
+    @staticmethod
+    def _open(path: Path) -> Any:
+        import pyarrow.parquet as pq
+
+        # Unbuffered reads: a page is read whole into one buffer (pyarrow writes a row group's media
+        # column as one page); a buffered stream would copy it once more.
+        return pq.ParquetFile(path, buffer_size=0, pre_buffer=False)
+
+    def _text_columns(self, path: Path) -> list[str] | None:
+        """What the records pass reads of a Parquet file: every column but the media ones' ``bytes``
+        leaves (a struct's path tells a row's item count; None: all columns)."""
+        if path.suffix != ".parquet":
+            return None
+        schema = self._open(path).schema
+        media = [column for column in self.layout.media.values() if column]
+        leaves = [schema.column(i).path for i in range(len(schema))]
+        keep = [leaf for leaf in leaves if leaf.split(".")[0] not in media or not leaf.endswith(".bytes")]
+        return keep if {leaf.split(".")[0] for leaf in keep} == {leaf.split(".")[0] for leaf in leaves} else None
+
+    def _batches(self, columns: Callable[[Path], list[str] | None], wanted: Callable[[int, int], bool]) -> Iterator[tuple[int, int, Any]]:
+        """``(first row, rows, record batch or BadSampleError)`` over every row group whose rows
+        ``[first, first + rows)`` are ``wanted``; a group that fails to read gives one error for its rest."""
+        first = 1
+        for path in self.files:
+            for rows, batches in self._groups(path, columns(path)):
+                if not wanted(first, rows):
+                    first += rows
+                    continue
+                done = 0
+                try:
+                    for batch in batches():
+                        yield first + done, batch.num_rows, batch
+                        done += batch.num_rows
+                except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError
+                    if done < rows:
+                        yield first + done, rows - done, BadSampleError(
+                            "unreadable_row", f"{path.name}: rows {first + done}..{first + rows - 1} do not read ({err})")
+                first += rows
+                _release_unused()
+
+    def _groups(self, path: Path, columns: list[str] | None) -> Iterator[tuple[int, Callable[[], Iterator[Any]]]]:
+        """Each row group (Parquet) or record batch (Arrow) of ``path``: its rows and a reader of its batches."""
+        if path.suffix != ".parquet":
+            for batch in _open_arrow(path):
+                yield batch.num_rows, lambda batch=batch: iter([batch if columns is None else batch.select(columns)])  # top-level names
+            return
+        parquet = self._open(path)
+        for group in range(parquet.num_row_groups):
+            yield parquet.metadata.row_group(group).num_rows, lambda group=group: parquet.iter_batches(
+                batch_size=BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False)
+
+    def records(self) -> Iterator[tuple[int, Any]]:
+        """``(row, record)`` of every row (1-based over all files): the JSON reader's record form;
+        a row that does not read yields a ``BadSampleError``."""
+        media = {kind: column for kind, column in self.layout.media.items() if column}
+        for first, rows, batch in self._batches(self._text_columns, lambda first, rows: True):
+            if isinstance(batch, BadSampleError):
+                yield from ((first + i, batch) for i in range(rows))
+                continue
+            items = {kind: _media_items(batch.column(column), column) for kind, column in media.items()}
+            text = batch.drop_columns(list(media.values())).to_pylist()
+            for i, record in enumerate(text):
+                try:
+                    yield first + i, self._record(record, i, items)
+                except BadSampleError as err:
+                    yield first + i, err
+
+    def _record(self, record: dict[str, Any], row: int, items: dict[str, _MediaItems]) -> dict[str, Any]:
+        names = {kind: [columns.paths[j] or f"{self.layout.media[kind]}[{position}]"
+                        for position, j in enumerate(columns.rows[row])] for kind, columns in items.items()}
+        conversation = record.pop(self.layout.conversation)
+        if isinstance(conversation, str):
+            try:
+                conversation = json.loads(conversation)
+            except json.JSONDecodeError as err:
+                raise BadSampleError("bad_json", f"column {self.layout.conversation!r} is not valid JSON ({err.msg})") from None
+        if _is_turn_pairs(conversation):
+            conversation = texts_to_messages(conversation, len(names.get("image", [])))
+        for column in ("messages", "conversations"):
+            record.pop(column, None)
+        return {**record, "messages": conversation, "images": names.get("image", []), "videos": names.get("video", [])}
+
+    def with_media(self, placed: Sequence[Any]) -> Iterator[Any]:
+        """The placed records (``prepare.PlacedRecord``, in row order) with their embedded media
+        attached (``embedded``), read again batch by batch (only groups holding one of them); rows
+        whose media do not read get ``media_error`` (``unreadable_row``: the records pass does not
+        read the media bytes)."""
+        media = {kind: column for kind, column in self.layout.media.items() if column}
+        if not media:
+            yield from placed
+            return
+        pending = iter(placed)
+        wanted = _RowsWanted(sorted(item.line for item in placed))
+        current = next(pending, None)
+        for first, rows, batch in self._batches(lambda path: list(media.values()), wanted):
+            if current is None or current.line >= first + rows:
+                continue
+            items = None if isinstance(batch, BadSampleError) else {
+                kind: _media_items(batch.column(column), column) for kind, column in media.items()}
+            while current is not None and current.line < first + rows:
+                if items is None:
+                    yield replace(current, media_error=batch)
+                else:
+                    yield replace(current, embedded=_embedded(items, current.line - first))
+                current = next(pending, None)
+        if current is not None:
+            raise RuntimeError(f"row {current.line} of {str(self.path)!r} was not found again when reading its media")
+
+
+class _RowsWanted:
+    """Whether a row range holds one of the sorted ``lines`` (a row group is skipped otherwise)."""
+
+    def __init__(self, lines: list[int]) -> None:
+        self.lines = lines
+
+    def __call__(self, first: int, rows: int) -> bool:
+        from bisect import bisect_left
+
+        index = bisect_left(self.lines, first)
+        return index < len(self.lines) and self.lines[index] < first + rows
+
+
+def _embedded(media: dict[str, _MediaItems], row: int) -> dict[tuple[str, int], EmbeddedMedia]:
+    """The embedded media of ``row`` of a batch's media columns by (kind, position): items with
+    bytes, and items with neither bytes nor a path (``data`` None: ``check_embedded`` refuses them)."""
+    embedded: dict[tuple[str, int], EmbeddedMedia] = {}
+    for kind, items in media.items():
+        for position, j in enumerate(items.rows[row]):
+            data = None if items.data is None else items.data[j].as_py()
+            if data is not None or not items.paths[j]:
+                embedded[(kind, position)] = EmbeddedMedia(items.paths[j], data)
+    return embedded
+
+
+def check_embedded(item: EmbeddedMedia, kind: str, name: str) -> bytes:
+    """The bytes of embedded media; an item with neither bytes nor a path is ``empty_media_struct``.
+
+    Example: ``EmbeddedMedia(None, None)`` -> BadSampleError naming ``name`` and the fix.
+    """
+    if item.data is None:
+        raise BadSampleError(
+            "empty_media_struct",
+            f"{kind} {name!r} has neither bytes nor a path; fix: store the {kind}'s bytes, or its path under --media-root",
+        )
+    return item.data
+
+
+def _open_arrow(path: Path) -> Any:
+    """A reader of an Arrow file ``save_to_disk`` wrote (IPC stream, memory-mapped; the file format also read)."""
+    import pyarrow as pa
+
+    source = pa.memory_map(str(path))
+    try:
+        return pa.ipc.open_stream(source)
+    except pa.ArrowInvalid:
+        source.seek(0)
+        reader = pa.ipc.open_file(source)
+        return _FileBatches(reader)
+
+
+class _FileBatches:
+    """An Arrow IPC file reader iterated batch by batch, with ``schema`` (as a stream reader)."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self.schema = reader.schema
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self.reader.get_batch(i) for i in range(self.reader.num_record_batches))
+
+
+
+def _release_unused() -> None:
+    """Hand the memory pyarrow's pool keeps after a row group back to the system (a hint)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()

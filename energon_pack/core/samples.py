@@ -1,6 +1,7 @@
 """The Energon sample type and the dataset class named in ``.nv-meta/dataset.yaml``.
 
-On disk (WebDataset) one sample is ``<key>.json`` (the conversation: a list of messages) plus
+On disk (WebDataset) one sample is ``<key>.json`` (the conversation: a list of messages, or an
+object holding them with the record's ``tools`` and ``chat_template_kwargs``) plus
 ``<key>.<i>.<ext>`` media files: images (``IMAGE_EXTENSIONS``) and videos (``VIDEO_EXTENSIONS``),
 numbered from 0 per kind. Media stay compressed bytes: nothing is decoded when loading.
 """
@@ -17,7 +18,7 @@ from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
 from energon_pack.core.conversation import (
     Message,
     decode_conversation_json,
-    normalize_conversation,
+    parse_stored_conversation,
 )
 from energon_pack.core.energon_fixes import forget_read_tar_members
 from energon_pack.errors import BadSampleError
@@ -48,6 +49,10 @@ class QwenVLChatSample(Sample):
     invalid_reason: Optional[str] = None
     #: What was wrong with it (``BadSampleError.detail``), else None.
     invalid_detail: Optional[str] = None
+    #: The record's tool definitions (JSON-schema function objects) passed to the chat template, else None.
+    tools: Optional[list] = None
+    #: The record's chat template options (over the dataset's ``RowLayout.chat_template_kwargs``), else None.
+    chat_template_kwargs: Optional[dict] = None
 
 
 def media_part_name(index: int, extension: str) -> str:
@@ -78,12 +83,15 @@ def chat_fields_from_parts(parts: dict[str, Any]) -> dict[str, Any]:
     try:
         if CONVERSATION_PART not in parts:
             raise BadSampleError("malformed_conversation", "sample has no .json conversation part")
-        conversation = normalize_conversation(
+        stored = parse_stored_conversation(
             decode_conversation_json(parts[CONVERSATION_PART]), num_images=len(images), num_videos=len(videos)
         )
     except BadSampleError as err:
         return dict(conversation=[], images=images, videos=videos, invalid_reason=err.reason, invalid_detail=err.detail)
-    return dict(conversation=conversation, images=images, videos=videos, invalid_reason=None, invalid_detail=None)
+    return dict(
+        conversation=stored.messages, images=images, videos=videos, invalid_reason=None, invalid_detail=None,
+        tools=stored.tools, chat_template_kwargs=stored.chat_template_kwargs,
+    )
 
 
 class QwenVLChatWebdataset(DefaultGenericWebdatasetFactory[QwenVLChatSample]):

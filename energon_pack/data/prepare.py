@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from energon_pack.config.row_layout import DEFAULT_MAX_IMAGE_PIXELS
-from energon_pack.core.conversation import ChatRecord, check_no_assistant_media, parse_record
+from energon_pack.core.conversation import ChatRecord, check_no_assistant_media, parse_record, stored_conversation
 from energon_pack.core.tables import format_table
 from energon_pack.errors import BadSampleError, UsageError
 from energon_pack.core.samples import (
@@ -280,7 +280,7 @@ def build_wds_sample(
     decoded too with ``verify_media``). With ``report``, its media are counted there
     (``media_kinds``, ``oriented_images``) once the whole record passed."""
     sample: dict[str, Any] = {"__key__": key}
-    sample[CONVERSATION_PART] = json.dumps(record.messages, ensure_ascii=False).encode("utf-8")
+    sample[CONVERSATION_PART] = stored_conversation(record)
     kinds: list[tuple[str, str, str]] = []
     oriented = 0
     for kind, paths, allowed in (("image", record.images, IMAGE_EXTENSIONS), ("video", record.videos, VIDEO_EXTENSIONS)):
@@ -598,9 +598,11 @@ class BuiltSample:
 
 
 def build_placed(placed: PlacedRecord, checks: MediaChecks, recorder: Any) -> BuiltSample:
-    """Read and check the media of ``placed`` and measure its facts (``recorder.sample_facts``)."""
+    """Read and check the media of ``placed`` and measure its facts (``recorder.sample_facts``); with a
+    processor, a record its chat template cannot render is skipped (``recorder.check_renders``)."""
     counted = PrepareReport(out_dir=checks.media_root)
     try:
+        recorder.check_renders(placed.record)
         sample = build_wds_sample(
             placed.key, placed.record, checks.media_root, verify_media=checks.verify_media,
             max_image_pixels=checks.max_image_pixels, report=counted,

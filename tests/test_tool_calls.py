@@ -390,3 +390,21 @@ def test_prepared_tool_records_load_as_hf_renders_them(request, tmp_path, family
                 assert torch.allclose(visual.pixel_values, reference["pixel_values"], atol=1e-6, rtol=0), key
             seen.add(key)
     assert seen == set(records) - {"no_tools_template"}
+    from energon_pack.plan.build import measure_dataset
+
+    _, how = measure_dataset(tmp_path / "data", QwenVLPackingTaskEncoder(config, processor), num_workers=0, progress=False)
+    assert how.startswith("measured from facts")
+    with_options = PackingConfig(seq_length=8192, num_workers=0, chat_template_kwargs={"add_vision_id": True})
+    measured, how = measure_dataset(tmp_path / "data", QwenVLPackingTaskEncoder(with_options, processor), num_workers=0,
+                                    progress=False)
+    assert "chat_template_kwargs" in how  # the facts' text tokens hold no dataset options: preencoded instead
+
+
+def test_template_options_enter_the_fingerprints_only_when_set():
+    from energon_pack.identity import packing_fingerprint
+
+    plain, vision_ids = PackingConfig(seq_length=4096), PackingConfig(seq_length=4096, chat_template_kwargs={"add_vision_id": True})
+    assert "chat_template_kwargs" not in plain.fingerprint() and "chat_template_kwargs" not in packing_fingerprint(plain)
+    assert vision_ids.fingerprint()["chat_template_kwargs"] == {"add_vision_id": True}
+    assert packing_fingerprint(vision_ids)["chat_template_kwargs"] == {"add_vision_id": True}
+    assert PackingConfig.from_dict(vision_ids.to_dict()).chat_template_kwargs == {"add_vision_id": True}

@@ -2,7 +2,8 @@
 
 Input is JSON Lines (or one JSON list) of records in any form ``energon_pack.core.conversation``
 accepts (an assistant message's ``reasoning_content`` included: Qwen3.5 renders it as the
-turn's ``<think>`` block, docs/qwen35.md). Each good record becomes ``<key>.json`` (typed
+turn's ``<think>`` block, docs/qwen35.md; tool calls, tool messages, a record's ``tools`` and
+``chat_template_kwargs``: docs/on_disk_format.md). Each good record becomes ``<key>.json`` (typed
 messages) plus ``<key>.<i>.<ext>`` media files copied byte for byte. Problems are reported per record with its line number;
 nothing is pickled.
 

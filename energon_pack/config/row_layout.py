@@ -83,7 +83,7 @@ class RowLayout:
     loss_reduction: Literal["token", "sample", "square"] = "token"
     apply_exif_orientation: bool = True
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: RowLayout stays hashable
 
     def __post_init__(self) -> None:
         raise_if_problems(type(self).__name__, self.problems())

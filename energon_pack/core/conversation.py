@@ -109,7 +109,9 @@ def _typed_message(message: Any) -> Message:
         raise BadSampleError(
             "malformed_conversation", f"role {speaker!r} is not one of {', '.join(ROLE_ALIASES)}"
         )
-    typed: Message = {"role": role, "content": [] if content is None and role in ("assistant", "tool") else _typed_content(content)}
+    # An assistant turn that only calls tools (or a tool result) may have null or no content.
+    empty = content is None and role in ("assistant", "tool")
+    typed: Message = {"role": role, "content": [] if empty else _typed_content(content)}
     calls = message.get(TOOL_CALLS_FIELD)
     if calls is not None:
         if role != "assistant":
@@ -148,10 +150,15 @@ def typed_tool_call(call: Any) -> dict[str, Any]:
     ``{"name": "f", "arguments": "[1]"}`` -> BadSampleError("bad_tool_arguments").
     """
     if not isinstance(call, Mapping):
-        raise BadSampleError("malformed_conversation", f"tool call {call!r} is not an object; use {{'type': 'function', 'function': {{'name': ..., 'arguments': {{...}}}}}}")
+        raise BadSampleError(
+            "malformed_conversation",
+            f"tool call {call!r} is not an object; use {{'type': 'function', 'function': {{'name': ..., 'arguments': {{...}}}}}}",
+        )
     function = call.get("function", call)
     if not isinstance(function, Mapping):
-        raise BadSampleError("malformed_conversation", f"tool call {call!r}: 'function' must be an object with 'name' and 'arguments'")
+        raise BadSampleError(
+            "malformed_conversation", f"tool call {call!r}: 'function' must be an object with 'name' and 'arguments'"
+        )
     name, arguments = function.get("name"), function.get("arguments")
     if not isinstance(name, str) or not name:
         raise BadSampleError(
@@ -307,7 +314,8 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | None:
     """
     if tools is None:
         return None
-    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence) or not all(isinstance(t, Mapping) for t in tools):
+    is_list = not isinstance(tools, (str, bytes, Mapping)) and isinstance(tools, Sequence)
+    if not is_list or not all(isinstance(tool, Mapping) for tool in tools):
         raise BadSampleError(
             "malformed_tools",
             f"tools {tools!r} must be a list of function definitions (objects), e.g. [{{\"type\": \"function\", "

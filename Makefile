@@ -25,7 +25,7 @@ COMPAT_TESTS := tests/test_rope.py tests/test_geometry.py tests/test_processor.p
 	tests/test_postencode.py::test_postencode_pixels_equal_hf_processor \
 	tests/test_postencode.py::test_uint8_payload_normalises_to_the_float32_payload \
 	tests/test_real_corpus.py tests/test_video_probe.py::test_rotation_rule_matches_transformers_load_video \
-	tests/test_step.py tests/test_bridge_step.py tests/test_install.py \
+	tests/test_step.py tests/test_bridge_step.py tests/test_install.py tests/test_tool_calls.py \
 	tests/test_bridge_format_compat.py \
 	tests/test_parquet_input.py::test_a_datasets_save_to_disk_folder
 

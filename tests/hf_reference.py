@@ -57,10 +57,12 @@ def hf_reference(
     *,
     image_max_pixels: int | None = None,
     max_frames: int | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> Any:
     """The processor's ``BatchFeature`` (batch of 1) for one chat; per-sample limits (a shrunk
     sample) go into this call only: ``image_max_pixels`` as the image size limit, ``max_frames``
-    into the frame sampling."""
+    into the frame sampling. ``tools`` and ``template_kwargs`` go to ``apply_chat_template``."""
     call: dict[str, Any] = {}
     if image_max_pixels is not None:
         call["images_kwargs"] = {"size": {**dict(processor.image_processor.size), "longest_edge": image_max_pixels}}
@@ -76,7 +78,7 @@ def hf_reference(
             metadata.append(VideoMetadata(total_num_frames=len(frames), fps=rate, frames_indices=list(indices)))
         call.update(videos=clips, video_metadata=metadata, do_sample_frames=False)
     return processor(
-        text=[processor.apply_chat_template(list(messages))],
+        text=[processor.apply_chat_template(list(messages), tools=tools, **(template_kwargs or {}))],
         images=[upright_image(data) for data in images] or None,
         return_tensors="pt",
         **call,

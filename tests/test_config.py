@@ -499,9 +499,10 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
     assert config.fingerprint() == {**config.row.fingerprint(), **config.policy.fingerprint(),
                                     **config.loader.fingerprint()}
     # buffer_tokens enters only when set or by the default round (states saved before it existed still resume).
-    # buffer_tokens and fast_jpeg_decode enter only when set (see test_optional_knobs_enter_the_fingerprint_when_set).
+    # buffer_tokens and fast_jpeg_decode enter only when set (see test_optional_knobs_enter_the_fingerprint_when_set);
+    # chat_template_kwargs only when set (tests/test_tool_calls.py).
     unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens",
-                       "fast_jpeg_decode", "max_consecutive_skips", "timeout", "decode_threads",
+                       "fast_jpeg_decode", "max_consecutive_skips", "timeout", "decode_threads", "chat_template_kwargs",
                        # balanced steps change no online row; a balanced plan records them (packing_fingerprint)
                        "cost_model", "frozen_vision", "balance_steps", "balance_window_steps",
                        # the loader adds the mapping it resolved, by name, when one is set

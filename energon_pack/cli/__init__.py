@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--processor",
         default=None,
         help="also record each sample's text tokens for this processor (path or hub id; 'default': the offline "
-        "Qwen2.5-VL one), so plan/simulate/inspect read facts instead of the tars (default: media facts only)",
+        "Qwen2.5-VL one), so plan/simulate/inspect read facts instead of the tars, and skip records its chat template "
+        "cannot render (tools on a template without tools, unknown template options) (default: media facts only)",
     )
     prepare.add_argument(
         "--workers", type=int, default=1,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from energon_pack.config.topology import ParallelTopology
+from energon_pack.core.conversation import template_options_problem
 from energon_pack.config.values import (
     NOT_FINGERPRINTED,
     bool_problem,
@@ -62,6 +63,11 @@ class RowLayout:
     max_image_pixels: images with more stored pixels (width * height) are skipped as
         ``pixel_bomb``; default 178,956,970 (2 * PIL's ``Image.MAX_IMAGE_PIXELS``, the most Pillow
         opens at all). Worker memory for the largest: docs/worker_memory.md.
+    chat_template_kwargs: the dataset's chat template options, passed to every conversation's
+        ``apply_chat_template`` (a record's own ``chat_template_kwargs`` win key by key), e.g.
+        ``{"add_vision_id": True}`` (Qwen2.5-VL's official template, Qwen3-VL: "Picture 1: " before
+        each image) or ``{"preserve_thinking": True}`` (Qwen3.6: earlier turns keep their thinking).
+        An option the processor's template never reads is refused when the loader is built.
     """
 
     seq_length: int
@@ -77,6 +83,7 @@ class RowLayout:
     loss_reduction: Literal["token", "sample", "square"] = "token"
     apply_exif_orientation: bool = True
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: RowLayout stays hashable
 
     def __post_init__(self) -> None:
         raise_if_problems(type(self).__name__, self.problems())
@@ -97,18 +104,20 @@ class RowLayout:
         in a saved state means that behaviour: ``fast_jpeg_decode`` only when set;
         ``apply_exif_orientation`` only when on (rows were built from the stored pixels before, so
         a state saved then resumes exactly only with ``apply_exif_orientation=False``);
-        ``max_image_pixels`` unless it is 89,478,485 (the limit then). See `media_fingerprint`.
+        ``max_image_pixels`` unless it is 89,478,485 (the limit then); ``chat_template_kwargs``
+        only when set. See `media_fingerprint`.
         """
         values = {**fingerprint_fields(self), "pad_multiple": self.pad_multiple}
-        for name in ("fast_jpeg_decode", "apply_exif_orientation", "max_image_pixels"):
+        for name in ("fast_jpeg_decode", "apply_exif_orientation", "max_image_pixels", "chat_template_kwargs"):
             del values[name]
         if self.fast_jpeg_decode:
             values["fast_jpeg_decode"] = True
         return {**values, **self.media_fingerprint()}
 
     def media_fingerprint(self) -> dict[str, Any]:
-        """The media knobs that change which samples a row holds (token counts, skips), each only
-        when it differs from the behaviour before it existed (resume and plan fingerprints take them).
+        """The media knobs and template options that change which samples a row holds (token counts,
+        skips), each only when it differs from the behaviour before it existed (resume and plan
+        fingerprints take them; ``chat_template_kwargs`` only when set).
 
         Example: ``RowLayout(seq_length=8192).media_fingerprint()`` -> ``{"apply_exif_orientation":
         True, "max_image_pixels": 178956970}``; with ``apply_exif_orientation=False,
@@ -119,6 +128,8 @@ class RowLayout:
             values["apply_exif_orientation"] = True
         if self.max_image_pixels != LEGACY_MAX_IMAGE_PIXELS:
             values["max_image_pixels"] = self.max_image_pixels
+        if self.chat_template_kwargs:
+            values["chat_template_kwargs"] = dict(sorted(self.chat_template_kwargs.items()))
         return values
 
     def problems(self) -> Iterator[str | None]:
@@ -144,6 +155,7 @@ class RowLayout:
         yield bool_problem("fast_jpeg_decode", self.fast_jpeg_decode)
         yield bool_problem("apply_exif_orientation", self.apply_exif_orientation)
         yield int_problem("max_image_pixels", self.max_image_pixels, minimum=1)
+        yield template_options_problem(self.chat_template_kwargs)
         yield choice_problem("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
 
     def _width_problems(self, topology_ok: bool) -> Iterator[str | None]:

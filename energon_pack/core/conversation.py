@@ -1,10 +1,17 @@
 """Chat conversations: the three accepted input forms, normalised to typed messages.
 
-A typed message is ``{"role": "system"|"user"|"assistant", "content": [part, ...]}`` with parts
-``{"type": "text", "text": str}``, ``{"type": "image"}`` or ``{"type": "video"}``. Media parts
+A typed message is ``{"role": "system"|"user"|"assistant"|"tool", "content": [part, ...]}`` with
+parts ``{"type": "text", "text": str}``, ``{"type": "image"}`` or ``{"type": "video"}``. Media parts
 refer to the sample's images / videos lists in order of appearance. An assistant message may
 also carry ``"reasoning_content": str`` (its thinking); templates with a thinking block (Qwen3.5 /
 Qwen3.6) render it inside ``<think>...</think>``, the others ignore it (docs/qwen35.md).
+
+Tool use, as Hugging Face chat templates take it (docs/on_disk_format.md, "Tool use and template
+options"): an assistant message may carry ``"tool_calls": [{"type": "function", "function":
+{"name": str, "arguments": dict or JSON object string}}, ...]`` (content may then be empty);
+a ``"tool"`` message holds a call's result (``name`` / ``tool_call_id`` kept when given). A
+record may carry ``tools`` (JSON-schema function definitions) and ``chat_template_kwargs``
+(options passed to the template); `ChatRecord` holds them and `stored_conversation` writes them.
 """
 
 from __future__ import annotations
@@ -19,12 +26,24 @@ from energon_pack.errors import BadSampleError
 
 Message = dict[str, Any]
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT / LLaVA speaker names -> chat roles.
-ROLE_ALIASES = {"human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system"}
+ROLE_ALIASES = {
+    "human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system", "tool": "tool",
+}
 MEDIA_KINDS = ("image", "video")
 #: Message field holding an assistant turn's reasoning (the thinking before its answer).
 REASONING_FIELD = "reasoning_content"
+#: Assistant message field holding its function calls.
+TOOL_CALLS_FIELD = "tool_calls"
+#: Tool message fields kept when given (strings): the function's name and the call it answers.
+TOOL_MESSAGE_FIELDS = ("name", "tool_call_id")
+#: ``apply_chat_template`` arguments that are not template options (``chat_template_kwargs`` may not set them).
+RESERVED_TEMPLATE_OPTIONS = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "return_dict", "return_tensors", "return_assistant_tokens_mask",
+    "processor_kwargs", "sanitize_control_tokens", "load_audio_from_video",
+})
 _PLACEHOLDER = re.compile(r"<(image|video)>")
 
 
@@ -90,7 +109,23 @@ def _typed_message(message: Any) -> Message:
         raise BadSampleError(
             "malformed_conversation", f"role {speaker!r} is not one of {', '.join(ROLE_ALIASES)}"
         )
-    typed: Message = {"role": role, "content": _typed_content(content)}
+    # An assistant turn that only calls tools (or a tool result) may have null or no content.
+    empty = content is None and role in ("assistant", "tool")
+    typed: Message = {"role": role, "content": [] if empty else _typed_content(content)}
+    calls = message.get(TOOL_CALLS_FIELD)
+    if calls is not None:
+        if role != "assistant":
+            raise BadSampleError(
+                "malformed_conversation",
+                f"{TOOL_CALLS_FIELD} on a {role} message: only an assistant message calls tools; fix: move the "
+                "calls to the assistant turn that makes them",
+            )
+        if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Sequence):
+            raise BadSampleError("malformed_conversation", f"{TOOL_CALLS_FIELD} {calls!r} must be a list of calls")
+        if calls:
+            typed[TOOL_CALLS_FIELD] = [typed_tool_call(call) for call in calls]
+    if role == "tool":
+        typed.update({name: message[name] for name in TOOL_MESSAGE_FIELDS if isinstance(message.get(name), str)})
     reasoning = message.get(REASONING_FIELD)
     if reasoning is not None:
         if role != "assistant" or not isinstance(reasoning, str):
@@ -101,6 +136,69 @@ def _typed_message(message: Any) -> Message:
             )
         typed[REASONING_FIELD] = reasoning
     return typed
+
+
+def typed_tool_call(call: Any) -> dict[str, Any]:
+    """One function call in the Hugging Face form ``{"type": "function", "function": {"name", "arguments"}}``
+    (a flat ``{"name", "arguments"}`` is accepted; ``id`` is kept when it is a string).
+
+    ``arguments`` stay as given: a dict, or a string that must parse as a JSON object (templates
+    render it verbatim, or iterate it: docs/on_disk_format.md). Raises ``BadSampleError`` with
+    ``tool_call_without_name`` or ``bad_tool_arguments``.
+    Example: ``{"function": {"name": "f", "arguments": "{\\"x\\": 1}"}}`` ->
+    ``{"type": "function", "function": {"name": "f", "arguments": "{\\"x\\": 1}"}}``;
+    ``{"name": "f", "arguments": "[1]"}`` -> BadSampleError("bad_tool_arguments").
+    """
+    if not isinstance(call, Mapping):
+        raise BadSampleError(
+            "malformed_conversation",
+            f"tool call {call!r} is not an object; use {{'type': 'function', 'function': {{'name': ..., 'arguments': {{...}}}}}}",
+        )
+    function = call.get("function", call)
+    if not isinstance(function, Mapping):
+        raise BadSampleError(
+            "malformed_conversation", f"tool call {call!r}: 'function' must be an object with 'name' and 'arguments'"
+        )
+    name, arguments = function.get("name"), function.get("arguments")
+    if not isinstance(name, str) or not name:
+        raise BadSampleError(
+            "tool_call_without_name",
+            f"tool call {call!r} has no function name; fix: give each call {{'function': {{'name': '<function>', ...}}}}",
+        )
+    if not isinstance(arguments, Mapping) and not (isinstance(arguments, str) and _is_json_object(arguments)):
+        raise BadSampleError(
+            "bad_tool_arguments",
+            f"tool call {name!r}: arguments {arguments!r} are neither an object nor a string holding a JSON object; "
+            "fix: write them as {\"param\": value, ...} (a dict, or that JSON text)",
+        )
+    typed: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    if isinstance(call.get("id"), str):
+        typed["id"] = call["id"]
+    return typed
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def check_tool_order(messages: Sequence[Message]) -> None:
+    """Raise ``BadSampleError("tool_result_before_call")`` when a tool message comes before any
+    assistant message that calls a tool (a result must answer a call).
+
+    Example: ``[user "Hi", tool "42", assistant "ok"]`` -> BadSampleError naming message 2.
+    """
+    called = False
+    for number, message in enumerate(messages, start=1):
+        called = called or bool(message.get(TOOL_CALLS_FIELD))
+        if message["role"] == "tool" and not called:
+            raise BadSampleError(
+                "tool_result_before_call",
+                f"message {number} (tool) comes before any assistant tool call; fix: put the assistant message "
+                "with its tool_calls before the tool results that answer them",
+            )
 
 
 def count_media_parts(messages: Sequence[Message]) -> dict[str, int]:
@@ -120,7 +218,8 @@ def normalize_conversation(messages: Any, *, num_images: int, num_videos: int) -
     """Validate a conversation in any accepted form and return typed messages.
 
     Raises ``BadSampleError`` with reason ``empty_conversation``, ``malformed_conversation``,
-    ``no_assistant_turn`` or ``placeholder_mismatch`` (media parts != media given).
+    ``no_assistant_turn``, ``placeholder_mismatch`` (media parts != media given), or a tool-use
+    reason (``tool_result_before_call``, ``tool_call_without_name``, ``bad_tool_arguments``).
 
     Example: ``[{"from": "human", "value": "<image>Hi"}, {"from": "gpt", "value": "Yo"}]`` with one
     image -> ``[{"role": "user", "content": [image, text "Hi"]}, {"role": "assistant", "content": [text "Yo"]}]``.
@@ -133,8 +232,9 @@ def normalize_conversation(messages: Any, *, num_images: int, num_videos: int) -
     if not messages:
         raise BadSampleError("empty_conversation", "the conversation has no messages")
     typed = [_typed_message(m) for m in messages]
-    if not any(m["role"] == "assistant" and m["content"] for m in typed):
-        raise BadSampleError("no_assistant_turn", "no assistant message with content: nothing to train on")
+    if not any(m["role"] == "assistant" and (m["content"] or m.get(TOOL_CALLS_FIELD)) for m in typed):
+        raise BadSampleError("no_assistant_turn", "no assistant message with content or tool calls: nothing to train on")
+    check_tool_order(typed)
     counts = count_media_parts(typed)
     given = {"image": num_images, "video": num_videos}
     for kind in MEDIA_KINDS:
@@ -187,14 +287,105 @@ def _as_list(value: Any) -> list[str]:
     raise BadSampleError("malformed_conversation", f"media list {value!r} must be a path or a list of paths")
 
 
+def template_options_problem(options: Any) -> str | None:
+    """Why ``options`` cannot be ``chat_template_kwargs`` (None when it can): an object whose keys are
+    template variable names, none of them an ``apply_chat_template`` argument (``RESERVED_TEMPLATE_OPTIONS``).
+
+    Example: ``{"add_vision_id": True}`` -> None; ``{"tools": []}`` -> "... 'tools' is an argument ...".
+    """
+    if not isinstance(options, Mapping):
+        return f"chat_template_kwargs {options!r} must be an object of template options, e.g. {{\"add_vision_id\": true}}"
+    for key in options:
+        if not isinstance(key, str) or not key.isidentifier():
+            return f"chat_template_kwargs key {key!r} is not a template variable name"
+        if key in RESERVED_TEMPLATE_OPTIONS:
+            return (
+                f"chat_template_kwargs key {key!r} is an argument of apply_chat_template, not a template option "
+                "(training renders no generation prompt; tools go in the record's 'tools')"
+            )
+    return None
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """A record's ``tools``: None, or a list of JSON-schema function definitions (objects), as given.
+
+    Raises ``BadSampleError("malformed_tools")`` otherwise. Example: ``[{"type": "function",
+    "function": {"name": "f", "parameters": {...}}}]`` -> the same list; ``{"name": "f"}`` -> error.
+    """
+    if tools is None:
+        return None
+    is_list = not isinstance(tools, (str, bytes, Mapping)) and isinstance(tools, Sequence)
+    if not is_list or not all(isinstance(tool, Mapping) for tool in tools):
+        raise BadSampleError(
+            "malformed_tools",
+            f"tools {tools!r} must be a list of function definitions (objects), e.g. [{{\"type\": \"function\", "
+            "\"function\": {\"name\": ..., \"parameters\": {...}}}]",
+        )
+    return [dict(tool) for tool in tools] or None
+
+
+def check_template_options(options: Any) -> dict[str, Any] | None:
+    """A record's ``chat_template_kwargs``: None, or a dict of template options (`template_options_problem`).
+
+    Raises ``BadSampleError("bad_template_options")`` otherwise. Example: ``{"preserve_thinking": True}`` -> same.
+    """
+    if options is None:
+        return None
+    problem = template_options_problem(options)
+    if problem is not None:
+        raise BadSampleError("bad_template_options", problem)
+    return dict(options) or None
+
+
 @dataclass(frozen=True)
 class ChatRecord:
-    """One input record of ``energon-pack prepare``: id, typed messages and media paths."""
+    """One input record of ``energon-pack prepare``: id, typed messages and media paths, and the
+    record's ``tools`` and ``chat_template_kwargs`` (None when absent)."""
 
     id: str | None
     messages: list[Message]
     images: list[str] = field(default_factory=list)
     videos: list[str] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def stored_conversation(record: ChatRecord) -> bytes:
+    """The ``<key>.json`` part of a record: its typed messages as a JSON list, or, when the record
+    has ``tools`` or ``chat_template_kwargs``, an object ``{"messages": [...], "tools": [...],
+    "chat_template_kwargs": {...}}`` holding those present (docs/on_disk_format.md).
+
+    Example: a record without tools -> ``b'[{"role": "user", ...}, ...]'`` (as before tool use existed).
+    """
+    extra = {name: value for name in ("tools", "chat_template_kwargs") if (value := getattr(record, name))}
+    document: Any = {"messages": record.messages, **extra} if extra else record.messages
+    return json.dumps(document, ensure_ascii=False).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class StoredConversation:
+    """A decoded ``<key>.json`` part: typed messages, ``tools`` and ``chat_template_kwargs`` (None when absent)."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def parse_stored_conversation(document: Any, *, num_images: int, num_videos: int) -> StoredConversation:
+    """Validate a decoded ``<key>.json`` part: a list of messages, or an object with ``messages``
+    (or ``conversations``) and optional ``tools`` / ``chat_template_kwargs``.
+
+    Example: ``{"messages": [...], "tools": [{...}]}`` -> ``StoredConversation(messages=[...], tools=[{...}])``.
+    """
+    tools = options = None
+    if isinstance(document, Mapping):
+        tools = check_tools(document.get("tools"))
+        options = check_template_options(document.get("chat_template_kwargs"))
+        document = document.get("messages", document.get("conversations"))
+        if document is None:
+            raise BadSampleError("malformed_conversation", "conversation object has neither 'messages' nor 'conversations'")
+    messages = normalize_conversation(document, num_images=num_images, num_videos=num_videos)
+    return StoredConversation(messages, tools, options)
 
 
 def parse_record(record: Any) -> ChatRecord:
@@ -202,6 +393,8 @@ def parse_record(record: Any) -> ChatRecord:
 
     Example: ``{"id": "a", "messages": [{"role": "user", "content": "<image>What?"},
     {"role": "assistant", "content": "A cat."}], "images": ["a.jpg"]}`` -> ``ChatRecord(id="a", ...)``.
+    A record's ``tools`` and ``chat_template_kwargs`` are checked (`check_tools`,
+    `check_template_options`) and kept.
     """
     if not isinstance(record, Mapping):
         raise BadSampleError("malformed_conversation", f"record must be a JSON object, got {type(record).__name__}")
@@ -214,4 +407,7 @@ def parse_record(record: Any) -> ChatRecord:
     images = _as_list(record.get("images", record.get("image")))
     videos = _as_list(record.get("videos", record.get("video")))
     typed = normalize_conversation(messages, num_images=len(images), num_videos=len(videos))
-    return ChatRecord(id=None if raw_id is None else str(raw_id), messages=typed, images=images, videos=videos)
+    return ChatRecord(
+        id=None if raw_id is None else str(raw_id), messages=typed, images=images, videos=videos,
+        tools=check_tools(record.get("tools")), chat_template_kwargs=check_template_options(record.get("chat_template_kwargs")),
+    )

@@ -2,7 +2,8 @@
 compressed media), and the member names of our own on-disk format.
 
 The readers (our format's ``QwenVLChatWebdataset`` among them) live in ``energon_pack.formats``.
-On disk (WebDataset) one sample is ``<key>.json`` (the conversation: a list of messages) plus
+On disk (WebDataset) one sample is ``<key>.json`` (the conversation: a list of messages, or an
+object holding them with the record's ``tools`` and ``chat_template_kwargs``) plus
 ``<key>.<i>.<ext>`` media files: images (``IMAGE_EXTENSIONS``) and videos (``VIDEO_EXTENSIONS``),
 numbered from 0 per kind. Media stay compressed bytes: nothing is decoded when loading.
 """
@@ -45,6 +46,10 @@ class QwenVLChatSample(Sample):
     invalid_reason: Optional[str] = None
     #: What was wrong with it (``BadSampleError.detail``), else None.
     invalid_detail: Optional[str] = None
+    #: The record's tool definitions (JSON-schema function objects) passed to the chat template, else None.
+    tools: Optional[list] = None
+    #: The record's chat template options (over the dataset's ``RowLayout.chat_template_kwargs``), else None.
+    chat_template_kwargs: Optional[dict] = None
 
 
 def media_part_name(index: int, extension: str) -> str:

@@ -112,6 +112,17 @@ class FactsRecorder:
         sizes = [len(fields["images"]), len(fields["videos"]), sum(map(len, fields["images"] + fields["videos"]))]
         return [reason, media, text, text_reason, sizes]
 
+    def check_renders(self, record: Any) -> None:
+        """Raise ``BadSampleError`` when this recorder's processor cannot render the chat record
+        ``record`` (a ``core.conversation.ChatRecord``) as it is: tools on a template without tools
+        (``template_cannot_render_tools``), an option the template never reads, a template error.
+        Without a processor nothing is checked."""
+        if self.processor is None:
+            return
+        from energon_pack.qwen.template import render_conversation
+
+        render_conversation(self.processor, record.messages, tools=record.tools, options=record.chat_template_kwargs)
+
     def add(self, key: str, facts: SampleFacts) -> None:
         """Record the facts of the sample ``key``."""
         self.by_key[key] = facts
@@ -120,7 +131,10 @@ class FactsRecorder:
         from energon_pack.qwen.template import placeholder_token_count
 
         try:
-            prepared = self._chat.prepare(fields["conversation"], fields["images"], fields["videos"])
+            prepared = self._chat.prepare(
+                fields["conversation"], fields["images"], fields["videos"],
+                tools=fields.get("tools"), chat_template_kwargs=fields.get("chat_template_kwargs"),
+            )
         except BadSampleError as err:
             return 0, err.reason
         expansion = placeholder_token_count(

@@ -2,8 +2,9 @@
 
 Input is JSON Lines (or one JSON list) of records in any form ``energon_pack.core.conversation``
 accepts (an assistant message's ``reasoning_content`` included: Qwen3.5 renders it as the
-turn's ``<think>`` block, docs/qwen35.md), or a Parquet / ``datasets`` table whose rows become the
-same records, embedded media included (``data.parquet_records``; ``open_input`` picks the reader).
+turn's ``<think>`` block, docs/qwen35.md; tool calls, tool messages, a record's ``tools`` and
+``chat_template_kwargs``: docs/on_disk_format.md), or a Parquet / ``datasets`` table whose rows become
+the same records, embedded media included (``data.parquet_records``; ``open_input`` picks the reader).
 Each good record becomes ``<key>.json`` (typed messages) plus ``<key>.<i>.<ext>`` media files
 copied byte for byte. Problems are reported per record with its line number;
 nothing is pickled.
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from energon_pack.config.row_layout import DEFAULT_MAX_IMAGE_PIXELS
-from energon_pack.core.conversation import ChatRecord, check_no_assistant_media, parse_record
+from energon_pack.core.conversation import ChatRecord, check_no_assistant_media, parse_record, stored_conversation
 from energon_pack.core.tables import format_table
 from energon_pack.data.parquet_records import (
     EmbeddedMedia,
@@ -293,7 +294,7 @@ def build_wds_sample(
     (``media_kinds``, ``oriented_images``) once the whole record passed. ``embedded`` holds the
     media stored in a table row by (kind, position); the others are paths under ``media_root``."""
     sample: dict[str, Any] = {"__key__": key}
-    sample[CONVERSATION_PART] = json.dumps(record.messages, ensure_ascii=False).encode("utf-8")
+    sample[CONVERSATION_PART] = stored_conversation(record)
     kinds: list[tuple[str, str, str]] = []
     oriented = 0
     for kind, paths, allowed in (("image", record.images, IMAGE_EXTENSIONS), ("video", record.videos, VIDEO_EXTENSIONS)):
@@ -662,11 +663,13 @@ class BuiltSample:
 
 
 def build_placed(placed: PlacedRecord, checks: MediaChecks, recorder: Any) -> BuiltSample:
-    """Read and check the media of ``placed`` and measure its facts (``recorder.sample_facts``)."""
+    """Read and check the media of ``placed`` and measure its facts (``recorder.sample_facts``); with a
+    processor, a record its chat template cannot render is skipped (``recorder.check_renders``)."""
     counted = PrepareReport(out_dir=checks.media_root)
     if placed.media_error is not None:
         return BuiltSample(None, error=placed.media_error)
     try:
+        recorder.check_renders(placed.record)
         sample = build_wds_sample(
             placed.key, placed.record, checks.media_root, verify_media=checks.verify_media,
             max_image_pixels=checks.max_image_pixels, report=counted, embedded=placed.embedded,

@@ -20,7 +20,7 @@ from typing import Any, Type
 
 from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
 
-from energon_pack.core.conversation import decode_conversation_json, normalize_conversation
+from energon_pack.core.conversation import decode_conversation_json, parse_stored_conversation
 from energon_pack.core.energon_fixes import forget_read_tar_members
 from energon_pack.core.samples import (
     CONVERSATION_PART,
@@ -67,12 +67,15 @@ def chat_fields_from_parts(parts: dict[str, Any]) -> dict[str, Any]:
     try:
         if CONVERSATION_PART not in parts:
             raise BadSampleError("malformed_conversation", "sample has no .json conversation part")
-        conversation = normalize_conversation(
+        stored = parse_stored_conversation(
             decode_conversation_json(parts[CONVERSATION_PART]), num_images=len(images), num_videos=len(videos)
         )
     except BadSampleError as err:
         return dict(conversation=[], images=images, videos=videos, invalid_reason=err.reason, invalid_detail=err.detail)
-    return dict(conversation=conversation, images=images, videos=videos, invalid_reason=None, invalid_detail=None)
+    return dict(
+        conversation=stored.messages, images=images, videos=videos, invalid_reason=None, invalid_detail=None,
+        tools=stored.tools, chat_template_kwargs=stored.chat_template_kwargs,
+    )
 
 
 class QwenVLChatWebdataset(DefaultGenericWebdatasetFactory[QwenVLChatSample]):

@@ -136,10 +136,13 @@ class CardFacts:
 
 def card_facts(dataset: Any, processor_path: Any, config: PackingConfig) -> CardFacts | None:
     """The dataset's fresh facts with the card of the processor ``load_processor(processor_path)``
-    builds (``qwen.card``), accounted under ``config``; None when no card is filed for it or the
-    facts are not fresh for it (then load the processor: that path says why)."""
+    builds (``qwen.card``), accounted under ``config``; None when no card is filed for it, the
+    facts are not fresh for it, or ``config`` sets ``chat_template_kwargs`` (the facts' text tokens
+    hold none): then load the processor (that path says why)."""
     from energon_pack.qwen.card import ProcessorCard, processor_key
 
+    if config.row.chat_template_kwargs:  # the facts' text tokens were measured without them
+        return None
     key = processor_key(processor_path)
     card = None if key is None else ProcessorCard.load(key)
     if card is None:

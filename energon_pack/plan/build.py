@@ -301,13 +301,17 @@ def measure_dataset(
 ) -> tuple[Measurement, str]:
     """:func:`measure_split`, or the same Measurement from prepare's facts sidecar
     (``plan.facts.measure_from_facts``) when ``facts`` and the sidecar is present and fresh for
-    this dataset and processor; also returns one line saying which was done and why.
+    this dataset and processor (and the row layout sets no ``chat_template_kwargs``, which the
+    facts' text tokens were measured without); also returns one line saying which was done and why.
 
     Example: a dataset prepared with ``--processor`` -> ``(Measurement, "measured from facts
     (.nv-meta/energon_pack.facts.npz, fresh)")``.
     """
     if not facts:
         why = "--measure"
+    elif encoder.chat.chat_template_kwargs:
+        # prepare measured text tokens with each record's own template options only
+        why = "the row layout sets chat_template_kwargs, which the facts' text tokens do not include"
     else:
         found = fresh_facts(path, processor_fingerprint(encoder.processor))
         if not isinstance(found, str):

@@ -1,28 +1,20 @@
-"""The chat templates energon_pack's offline processors carry (Jinja text written for this project).
+"""The chat templates energon_pack's offline processors carry.
+
+- Qwen3-VL: the official Qwen3-VL Instruct template (``templates/qwen3_vl.jinja``).
+- Qwen3.5 / Qwen3.6: the official Qwen3.6 template (``templates/qwen3_6.jinja``): tools,
+  ``reasoning_content``, ``preserve_thinking`` and ``add_vision_id`` (docs/qwen35.md).
+- Qwen2-VL / Qwen2.5-VL: ChatML with the default system prompt when the conversation has none,
+  written for this project (``_CHAT_TEMPLATE``). It renders every conversation without template
+  options exactly as the official Qwen2-VL / Qwen2.5-VL template (``templates/qwen2_5_vl.jinja``)
+  does, and stays so that rows, saved states and plans keyed on its hash stay valid; the
+  official one (``official_chat_template("qwen2.5-vl")``) adds ``add_vision_id``. Neither renders
+  tools.
+
+The official texts and where they were taken from: ``templates/SOURCES.md``.
 
 Content is a string or a list of typed parts (``{"type": "text", "text": ...}``,
 ``{"type": "image"}``, ``{"type": "video"}``); a media part renders as
 ``<|vision_start|><|image_pad|><|vision_end|>`` (``<|video_pad|>`` for a video).
-
-- Qwen2-VL / Qwen2.5-VL: ChatML with the default system prompt when the conversation has none,
-  as the released Qwen2-VL templates do.
-- Qwen3-VL: the same ChatML, no default system prompt.
-- Qwen3.5 / Qwen3.6: ChatML with a thinking block (``QWEN35_CHAT_TEMPLATE``, docs/qwen35.md):
-
-  - no default system prompt;
-  - an assistant message's reasoning is its ``reasoning_content`` string field, else the text
-    before a ``</think>`` inside its content (the content then keeps only the text after it);
-  - assistant turns after the last user message render ``<think>\\n{reasoning}\\n</think>\\n\\n{answer}``;
-    with no reasoning that is the empty block ``<think>\\n\\n</think>\\n\\n`` before the answer
-    (non-thinking SFT data); earlier assistant turns render the answer only (history reasoning
-    is dropped, as the released Qwen3 templates do);
-  - the generation prompt is ``<|im_start|>assistant\\n<think>\\n`` (thinking, the default), or
-    ``<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n`` with ``enable_thinking=False``;
-  - loss rule: everything an assistant turn renders after its ``<|im_start|>assistant\\n``
-    header, think block included, up to and including ``<|im_end|>``, sits inside
-    ``{% generation %}``, so ``return_assistant_tokens_mask`` marks exactly what
-    ``assistant_target_mask`` supervises: the think block (empty or not) is trained, as the
-    model emits it after the header at inference.
 
 Example (Qwen3.5): ``[user "Hi", assistant "Yo"]`` ->
 ``<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\nYo<|im_end|>\\n``.
@@ -30,9 +22,20 @@ Example (Qwen3.5): ``[user "Hi", assistant "Yo"]`` ->
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "QWEN35_CHAT_TEMPLATE", "chat_template_for"]
+import functools
+from importlib import resources
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "OFFICIAL_TEMPLATE_FILES", "chat_template_for", "official_chat_template"]
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+#: The official template file of each family (``templates/``; Qwen2-VL shares Qwen2.5-VL's).
+OFFICIAL_TEMPLATE_FILES = {
+    "qwen2-vl": "qwen2_5_vl.jinja",
+    "qwen2.5-vl": "qwen2_5_vl.jinja",
+    "qwen3-vl": "qwen3_vl.jinja",
+    "qwen3.5": "qwen3_6.jinja",
+}
 
 # A message's content as text: a string as is, typed parts one by one (media as vision markers).
 _MESSAGE_TEXT = (
@@ -61,55 +64,25 @@ _CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
 
-QWEN35_CHAT_TEMPLATE = (
-    "{%- macro text_of(message) -%}" + _MESSAGE_TEXT + "{%- endmacro -%}"
-    # Index of the last user message: assistant turns after it keep their think block.
-    "{%- set state = namespace(last_user=-1) -%}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'user' -%}{%- set state.last_user = loop.index0 -%}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- for message in messages -%}"
-    "{%- set body = text_of(message) -%}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{%- set reasoning = '' -%}"
-    "{%- if message['reasoning_content'] is string -%}"
-    "{%- set reasoning = message['reasoning_content'] -%}"
-    "{%- elif '</think>' in body -%}"
-    "{%- set reasoning = body.split('</think>')[0].split('<think>')[-1] -%}"
-    "{%- set body = body.split('</think>')[-1] -%}"
-    "{%- endif -%}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{%- generation -%}"
-    "{%- if loop.index0 > state.last_user -%}"
-    "{{ '<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + body.lstrip('\\n') }}"
-    "{%- else -%}"
-    "{{ body.lstrip('\\n') }}"
-    "{%- endif -%}"
-    "{{ '<|im_end|>' }}"
-    "{%- endgeneration -%}"
-    "{{ '\\n' }}"
-    "{%- else -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + body + '<|im_end|>\\n' }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false -%}"
-    "{{ '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- else -%}"
-    "{{ '<think>\\n' }}"
-    "{%- endif -%}"
-    "{%- endif -%}"
-)
+
+@functools.lru_cache(maxsize=None)
+def official_chat_template(family: str) -> str:
+    """The official chat template text of ``family``'s released models (``templates/SOURCES.md``).
+
+    Example: ``"tools" in official_chat_template("qwen3-vl")`` -> True;
+    ``"preserve_thinking" in official_chat_template("qwen3.5")`` -> True (Qwen3.6's).
+    """
+    name = OFFICIAL_TEMPLATE_FILES[family]
+    return resources.files("energon_pack.qwen").joinpath("templates", name).read_text(encoding="utf-8")
 
 
 def chat_template_for(family: str) -> str:
-    """The project's chat template for ``family``, with its default system prompt bound.
+    """The chat template the offline processor of ``family`` carries.
 
-    Example: ``chat_template_for("qwen3.5") is QWEN35_CHAT_TEMPLATE`` -> True;
-    ``"qwen2.5-vl"`` -> ChatML adding ``You are a helpful assistant.`` when there is no system turn.
+    Example: ``chat_template_for("qwen3.5") == official_chat_template("qwen3.5")`` -> True;
+    ``"qwen2.5-vl"`` -> the project's ChatML adding ``You are a helpful assistant.`` when there
+    is no system turn.
     """
-    if family == "qwen3.5":
-        return QWEN35_CHAT_TEMPLATE
-    system = "" if family == "qwen3-vl" else DEFAULT_SYSTEM_PROMPT
-    return "{%- set default_system = " + repr(system) + " -%}" + _CHAT_TEMPLATE
+    if family in ("qwen3-vl", "qwen3.5"):
+        return official_chat_template(family)
+    return "{%- set default_system = " + repr(DEFAULT_SYSTEM_PROMPT) + " -%}" + _CHAT_TEMPLATE

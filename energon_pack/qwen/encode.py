@@ -12,7 +12,7 @@ the results into its sample types.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,12 +29,23 @@ from energon_pack.qwen.template import (
     TokenizedConversation,
     VideoTiming,
     placeholder_token_count,
+    template_name,
+    template_variables,
     tokenize_conversation,
 )
 from energon_pack.core.stage_times import timed
 from energon_pack.core.visual import VisualInputs
 
 __all__ = ["EncodedChat", "PreparedChat", "QwenChatEncoder"]
+
+
+@dataclass(frozen=True)
+class _Chat:
+    """What a chat renders from: typed messages, the record's tools and the template options."""
+
+    messages: Sequence[dict[str, Any]]
+    tools: Sequence[dict[str, Any]] | None
+    options: Mapping[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +93,8 @@ class QwenChatEncoder:
     ``max_image_pixels``: images with more stored pixels are skipped as ``pixel_bomb``
     (``RowLayout.max_image_pixels``; None: ``qwen.media.default_max_image_pixels()``).
     ``decode_threads``: FFmpeg decoder threads per video (same frames with any count).
+    ``chat_template_kwargs``: the dataset's template options (``RowLayout.chat_template_kwargs``),
+    under each record's own; an option the processor's template never reads is a ValueError here.
     """
 
     def __init__(
@@ -94,8 +107,18 @@ class QwenChatEncoder:
         apply_exif_orientation: bool = True,
         max_image_pixels: int | None = None,
         decode_threads: int = 1,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.processor = processor
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        unread = sorted(set(self.chat_template_kwargs) - template_variables(processor.chat_template or ""))
+        if unread:
+            raise ValueError(
+                f"chat_template_kwargs {', '.join(map(repr, unread))}: the chat template of {template_name(processor)} "
+                "never reads them, so they would change nothing; fix: remove them from the row layout, or use a "
+                "processor whose template takes them (e.g. add_vision_id: Qwen2.5-VL's official template, Qwen3-VL; "
+                "preserve_thinking: Qwen3.6)"
+            )
         self.vision = VisionSpec.from_processor(processor)
         self.rope_spec = rope_spec or RopeSpec.from_processor(processor)
         self.markers = ChatMarkers.from_tokenizer(processor.tokenizer)
@@ -120,9 +143,14 @@ class QwenChatEncoder:
         images: Sequence[bytes],
         videos: Sequence[bytes],
         *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         fits: Callable[[int, MediaGeometry], bool] | None = None,
     ) -> PreparedChat:
         """Tokens and grids from media headers: image sizes, video frame count/rate; no pixels decoded.
+
+        ``tools`` and ``chat_template_kwargs`` are the record's (its options over the dataset's):
+        the conversation renders as ``apply_chat_template(conversation, tools=tools, **options)``.
 
         With ``fits`` (token count, media geometry -> whether the sample fits one row), a sample
         that does not fit is shrunk: its image pixel budget, then its video frames, are lowered
@@ -139,14 +167,15 @@ class QwenChatEncoder:
                 for data in videos
             ]
         geometry = media_geometry(image_infos, video_infos, self.vision)
-        tokens = self._tokenize(conversation, geometry)
+        chat = _Chat(conversation, tools, {**self.chat_template_kwargs, **(chat_template_kwargs or {})})
+        tokens = self._tokenize(chat, geometry)
         limits = tokens_before_shrink = None
         if fits is not None and not fits(len(tokens.input_ids), geometry):
             limits = self._shrink_limits(image_infos, video_infos, geometry, len(tokens.input_ids), fits)
             if limits is not None:
                 tokens_before_shrink = len(tokens.input_ids)
                 geometry = media_geometry(image_infos, video_infos, limits.apply(self.vision))
-                tokens = self._tokenize(conversation, geometry)
+                tokens = self._tokenize(chat, geometry)
         return PreparedChat(
             input_ids=torch.from_numpy(tokens.input_ids),
             labels=torch.from_numpy(tokens.labels),
@@ -160,22 +189,13 @@ class QwenChatEncoder:
             tokens_before_shrink=tokens_before_shrink,
         )
 
-    def _tokenize(self, conversation: Sequence[dict[str, Any]], geometry: MediaGeometry) -> TokenizedConversation:
+    def _tokenize(self, chat: _Chat, geometry: MediaGeometry) -> TokenizedConversation:
+        grids = dict(image_grid_thw=geometry.image_grid_thw, video_grid_thw=geometry.video_grid_thw, videos=geometry.timings)
         with timed("tokenise"):
             if self._split_tokenizer is not None:
-                return self._split_tokenizer(
-                    conversation,
-                    image_grid_thw=geometry.image_grid_thw,
-                    video_grid_thw=geometry.video_grid_thw,
-                    videos=geometry.timings,
-                )
+                return self._split_tokenizer(chat.messages, tools=chat.tools, options=chat.options, **grids)
             return tokenize_conversation(
-                self.processor,
-                conversation,
-                image_grid_thw=geometry.image_grid_thw,
-                video_grid_thw=geometry.video_grid_thw,
-                videos=geometry.timings,
-                markers=self.markers,
+                self.processor, chat.messages, markers=self.markers, tools=chat.tools, options=chat.options, **grids
             )
 
     def _shrink_limits(

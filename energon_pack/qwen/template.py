@@ -2,8 +2,10 @@
 
 Loss is on assistant text and each assistant turn's closing ``<|im_end|>``: everything the
 template renders after an ``<|im_start|>assistant\n`` header, so for Qwen3.5 / Qwen3.6 the
-``<think>...</think>`` block (empty or not) too (docs/qwen35.md). Media tokens never carry loss,
-in any turn (a model does not generate vision tokens).
+``<think>...</think>`` block (empty or not) too (docs/qwen35.md), and an assistant turn's
+``<tool_call>`` blocks. System, user and tool messages never carry loss (the Qwen templates render
+tool results inside a user turn, ``<|im_start|>user\n<tool_response>...``). Media tokens never
+carry loss, in any turn (a model does not generate vision tokens).
 
 Token ids come from the processor given to the plugin, exactly as
 ``processor(text=[processor.apply_chat_template(messages)], images=..., videos=...)`` would give
@@ -14,12 +16,14 @@ placeholder is replaced by the processor's own replacement string for that grid
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from jinja2 import TemplateError
 
 from energon_pack.errors import BadSampleError
 
@@ -52,9 +56,83 @@ class TokenizedConversation:
     loss_mask: np.ndarray
 
 
-def render_conversation(processor: Any, messages: Sequence[dict[str, Any]]) -> str:
-    """Render typed messages with the processor's chat template (no generation prompt)."""
-    return processor.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=False)
+def render_conversation(
+    processor: Any,
+    messages: Sequence[dict[str, Any]],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> str:
+    """Render typed messages with the processor's chat template, no generation prompt:
+    ``processor.apply_chat_template(messages, tools=tools, **options)``.
+
+    ``tools``: the record's function definitions; ``options``: template options
+    (``chat_template_kwargs``). Raises ``BadSampleError`` when the template cannot render the
+    conversation (`check_template_use`) or fails on it (``template_error``, its message quoted).
+    Example: Qwen3-VL, ``options={"add_vision_id": True}`` -> ``"...Picture 1: <|vision_start|>..."``.
+    """
+    check_template_use(processor, messages, tools=tools, options=options or {})
+    try:
+        return processor.apply_chat_template(
+            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=False,
+            **(options or {}),
+        )
+    except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as err:
+        raise BadSampleError(
+            "template_error",
+            f"the chat template of {template_name(processor)} cannot render this conversation: "
+            f"{type(err).__name__}: {err}; fix: change the record so the template accepts it (e.g. tool-call "
+            "arguments as a JSON object where the template iterates them, one system message first)",
+        ) from None
+
+
+def template_name(processor: Any) -> str:
+    """How errors name a processor's chat template. Example: ``"Qwen3VLProcessor (Qwen/Qwen3-VL-8B-Instruct)"``."""
+    path = str(getattr(processor.tokenizer, "name_or_path", "") or "") or "offline"
+    return f"{type(processor).__name__} ({path})"
+
+
+@functools.lru_cache(maxsize=16)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a chat template reads from its caller (Jinja's undeclared variables), as
+    transformers finds them to tell template options from processor options.
+
+    Example: the official Qwen3-VL template -> ``{"messages", "tools", "add_vision_id", "add_generation_prompt"}``.
+    """
+    from transformers.utils.chat_template_utils import _get_template_variables
+
+    return _get_template_variables(template)
+
+
+def check_template_use(
+    processor: Any, messages: Sequence[dict[str, Any]], *, tools: Sequence[Any] | None, options: Mapping[str, Any]
+) -> None:
+    """Raise ``BadSampleError`` when the processor's chat template would silently drop part of the input:
+    ``template_cannot_render_tools`` for tool calls, tool messages or ``tools`` on a template that
+    renders no tools (the official Qwen2-VL / Qwen2.5-VL ones), ``unknown_template_option`` for an
+    option the template never reads.
+
+    Example: the Qwen2.5-VL template and a message with ``tool_calls`` -> BadSampleError naming it.
+    """
+    template = processor.chat_template if isinstance(processor.chat_template, str) else ""
+    variables = template_variables(template)
+    uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    if uses_tools and not ("tools" in variables and "tool_calls" in template):
+        raise BadSampleError(
+            "template_cannot_render_tools",
+            f"the record uses tools (tool calls, tool results or a tools list) but the chat template of "
+            f"{template_name(processor)} renders none of them (as the official Qwen2-VL / Qwen2.5-VL templates); "
+            "fix: train a model whose template renders tools (Qwen3-VL, Qwen3.5 / Qwen3.6), or write the calls "
+            "and their results as plain text turns",
+        )
+    unknown = sorted(set(options) - variables)
+    if unknown:
+        raise BadSampleError(
+            "unknown_template_option",
+            f"chat_template_kwargs {', '.join(map(repr, unknown))} are not read by the chat template of "
+            f"{template_name(processor)} (it reads {', '.join(sorted(variables - {'messages'})) or 'no options'}); "
+            "fix: drop them, or use a processor whose template takes them",
+        )
 
 
 def expand_media_placeholders(
@@ -249,11 +327,14 @@ def tokenize_conversation(
     video_grid_thw: np.ndarray | None = None,
     videos: Sequence[VideoTiming] = (),
     markers: ChatMarkers | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> TokenizedConversation:
-    """Render, expand placeholders, tokenize and build assistant-only targets (media tokens excluded)."""
+    """Render (with ``tools`` and template ``options``, `render_conversation`), expand placeholders,
+    tokenize and build assistant-only targets (media tokens excluded)."""
     text = expand_media_placeholders(
         processor,
-        render_conversation(processor, messages),
+        render_conversation(processor, messages, tools=tools, options=options),
         image_grid_thw=image_grid_thw,
         video_grid_thw=video_grid_thw,
         videos=videos,
@@ -347,11 +428,13 @@ class SplitTokenizer:
         image_grid_thw: np.ndarray | None = None,
         video_grid_thw: np.ndarray | None = None,
         videos: Sequence[VideoTiming] = (),
+        tools: Sequence[dict[str, Any]] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> TokenizedConversation:
-        """The :func:`tokenize_conversation` result of ``messages`` with these media grids."""
+        """The :func:`tokenize_conversation` result of ``messages`` with these media grids, tools and template options."""
         import torch
 
-        text = render_conversation(self.processor, messages)
+        text = render_conversation(self.processor, messages, tools=tools, options=options)
         pieces = self._split.split(text)  # text, token, text, token, ..., text
         texts, tokens = pieces[0::2], pieces[1::2]
         _check_placeholders(self.processor, tokens.count, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw)

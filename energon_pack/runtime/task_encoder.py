@@ -79,6 +79,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             apply_exif_orientation=config.row.apply_exif_orientation,
             max_image_pixels=config.row.max_image_pixels,
             decode_threads=config.loader.resolved_decode_threads(),
+            chat_template_kwargs=config.row.chat_template_kwargs,
         )
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.
@@ -115,7 +116,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
                 raise BadSampleError(sample.invalid_reason, sample.invalid_detail)
             shrink = self.config.policy.on_overlong == "shrink"
             prepared = self.chat.prepare(
-                sample.conversation, sample.images, sample.videos, fits=self._fits_row if shrink else None
+                sample.conversation, sample.images, sample.videos, tools=sample.tools,
+                chat_template_kwargs=sample.chat_template_kwargs, fits=self._fits_row if shrink else None,
             )
         except BadSampleError as err:
             return PreparedSample.skipped(sample, err)

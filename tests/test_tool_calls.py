@@ -27,7 +27,8 @@ import torch
 
 from energon_pack import PackingConfig
 from energon_pack.core.conversation import parse_record, stored_conversation
-from energon_pack.core.samples import QwenVLChatSample, chat_fields_from_parts
+from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.formats.qwen_chat import chat_fields_from_parts
 from energon_pack.errors import BadSampleError
 from energon_pack.qwen.chat_templates import OFFICIAL_TEMPLATE_FILES, chat_template_for, official_chat_template
 from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder

@@ -111,7 +111,7 @@ def frame_list_frames(frames: Sequence[bytes], frame_indices: Sequence[int]) -> 
     for position, index in enumerate(frame_indices):
         try:
             with Image.open(io.BytesIO(frames[index])) as image:
-                rgb = np.asarray(image.convert("RGB"))
+                rgb = np.array(image.convert("RGB"))  # writable: the resize reads it as a tensor
         except Exception as err:  # PIL raises OSError, SyntaxError, ValueError... on bad data
             raise BadSampleError("corrupt_image", f"cannot decode frame {index}: {err}") from None
         first_shape = first_shape or rgb.shape

@@ -242,9 +242,16 @@ def packing_fingerprint(config: PackingConfig) -> dict[str, Any]:
     return values
 
 
-def plan_fingerprint(dataset: Mapping[str, Any], encoder: Mapping[str, Any], config: PackingConfig) -> dict[str, Any]:
-    """What a plan depends on: ``{"dataset": ..., "encoder": ..., "packing": ...}``."""
-    return {"dataset": dict(dataset), "encoder": dict(encoder), "packing": packing_fingerprint(config)}
+def plan_fingerprint(
+    dataset: Mapping[str, Any], encoder: Mapping[str, Any], config: PackingConfig, *, sample_mapping: str | None = None
+) -> dict[str, Any]:
+    """What a plan depends on: ``{"dataset": ..., "encoder": ..., "packing": ...}``; the name of the
+    sample mapping foreign samples were read under (``formats.sample_mapping.mapping_name``) joins
+    ``packing`` only when one is set, so plans built without one keep their digest."""
+    packing = packing_fingerprint(config)
+    if sample_mapping is not None:
+        packing["sample_mapping"] = sample_mapping
+    return {"dataset": dict(dataset), "encoder": dict(encoder), "packing": packing}
 
 
 def flat_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:

@@ -98,3 +98,43 @@ def test_simulate_reads_a_bridge_dataset(bridge, capsys):
     assert main(["simulate", "--dataset", str(bridge), "--widths", "512", "--buffers", "4"]) == 0
     table = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("512")]
     assert len(table) == 4 and all(float(row[2].rstrip("%")) > 50 for row in table)
+
+
+def _cook_differently(crude: dict) -> dict:
+    from tests.energon_datasets import cook_qa
+
+    record = cook_qa(crude)
+    record["conversation"][1]["content"] += " Certainly."
+    return record
+
+
+def test_a_crude_dataset_plans_loads_and_inspects_under_the_configured_mapping(tmp_path, processor, capsys):
+    from energon_pack import PackingConfig, get_packing_loader
+    from energon_pack.identity import ResumeMismatchError
+    from tests.energon_datasets import make_crude_dataset
+
+    crude = tmp_path / "crude"
+    samples = make_crude_dataset(crude, n=6)
+    (tmp_path / "packing.yaml").write_text(
+        "seq_length: 512\nnum_workers: 0\nsample_mapping: tests.energon_datasets:cook_qa\n", encoding="utf-8"
+    )
+    assert main(["plan", str(crude), "--config", str(tmp_path / "packing.yaml"), "--out", str(tmp_path / "a.plan")]) == 0
+    plan = open_plan(tmp_path / "a.plan")
+    planned = [index for row in range(plan.num_rows) for index in plan.global_indices(row)]
+    assert plan.skipped == {} and sorted(planned) == list(range(len(samples)))
+    assert plan.fingerprint["packing"]["sample_mapping"] == "tests.energon_datasets:cook_qa"
+
+    config = PackingConfig.from_dict(
+        {"seq_length": 512, "num_workers": 0, "repeat": False, "sample_mapping": "tests.energon_datasets:cook_qa"}
+    )
+    with get_packing_loader(crude, config, processor, plan=tmp_path / "a.plan") as loader:
+        keys = sorted(key for row in loader for key in row["__keys__"])
+    assert len(keys) == len(samples) and all("crude" in key for key in keys)
+    with pytest.raises(ResumeMismatchError, match="sample_mapping"):
+        get_packing_loader(crude, config, processor, plan=tmp_path / "a.plan", sample_mapping=_cook_differently)
+
+    capsys.readouterr()
+    assert main(["inspect", str(crude), "--sample-mapping", "tests.energon_datasets:cook_qa", "--limit", "2"]) == 0
+    assert "Shade 0?" in capsys.readouterr().out
+    assert main(["inspect", str(crude), "--sample-mapping", "tests.energon_datasets"]) == 2
+    assert "--sample-mapping" in capsys.readouterr().err

@@ -71,10 +71,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out_dir=args.out, num_samples=args.samples, seq_length=args.seq_length, num_workers=args.workers)
 
 
+def _under_sample_mapping(spec: str | None) -> Any:
+    """The context reading foreign datasets under ``--sample-mapping`` (``module:function``)."""
+    from energon_pack.formats.sample_mapping import loader_sample_mapping, resolve_mapping
+
+    return loader_sample_mapping(resolve_mapping(spec, where="--sample-mapping"))
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from energon_pack.cli.simulate import run_simulate
 
-    return run_simulate(args)
+    with _under_sample_mapping(args.sample_mapping):
+        return run_simulate(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -92,7 +100,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from energon_pack.data.inspect_dataset import run_inspect
 
-    return run_inspect(args.dataset, split=args.split, limit=args.limit)
+    with _under_sample_mapping(args.sample_mapping):
+        return run_inspect(args.dataset, split=args.split, limit=args.limit)
+
+
+_SAMPLE_MAPPING_HELP = (
+    "function turning each sample of a foreign dataset (an Energon sample type, or a crude sample, which needs "
+    "one) into our record form, as in the packing config's sample_mapping (default: none; the type's default)"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -281,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cost-model", default="qwen2.5-vl-7b", help="model the rows are costed with: preset name or config.json path"
     )
     steps.add_argument("--frozen-vision", action="store_true", help="cost the vision tower as frozen (forward only)")
+    simulate.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
     simulate.set_defaults(func=_cmd_simulate)
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
@@ -326,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("dataset", type=str, help="prepared dataset folder (the --out of prepare), or msc://profile/path")
     inspect.add_argument("--split", default="train", help="split to read")
     inspect.add_argument("--limit", type=int, default=None, help="read at most this many samples (default: all)")
+    inspect.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
     inspect.set_defaults(func=_cmd_inspect)
     return parser
 

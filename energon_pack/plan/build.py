@@ -35,6 +35,7 @@ import numpy as np
 from energon_pack.config import PackingConfig
 from energon_pack.errors import UsageError
 from energon_pack.formats.dispatch import reading_formats
+from energon_pack.formats.sample_mapping import current_loader_mapping, loader_sample_mapping, mapping_name, resolve_mapping
 from energon_pack.identity import encoder_fingerprint, plan_fingerprint, processor_fingerprint, split_fingerprint
 from energon_pack.packing.balance import balance_rows
 from energon_pack.packing.budget import row_budget, sample_misfit
@@ -483,7 +484,9 @@ def plan_split(measurement: Measurement, path: str | Path, split: str, encoder: 
     """Plan ``measurement`` of ``split`` at ``path``, fingerprinted with the dataset, ``encoder``
     (a task encoder or a ``TokenAccounting``) and ``config``."""
     identity = encoder.fingerprint if isinstance(encoder, TokenAccounting) else encoder_fingerprint(encoder)
-    fingerprint = plan_fingerprint(dataset_fingerprint(path, split), identity, config)
+    fingerprint = plan_fingerprint(
+        dataset_fingerprint(path, split), identity, config, sample_mapping=mapping_name(current_loader_mapping())
+    )
     return plan_measurement(measurement, config, fingerprint)
 
 
@@ -543,6 +546,7 @@ def run_plan(args: Any) -> int:
     With fresh facts and a processor card filed for ``--processor`` (``qwen.card``), the plan is
     built from them without loading the processor (nor torch or Energon); else the processor is
     loaded, the split read from facts or measured, and the processor's card filed for next time.
+    Foreign samples are read under the config's ``sample_mapping``, which the plan records.
     """
     from energon_pack.core.dataset_path import check_dataset_path
 
@@ -550,6 +554,12 @@ def run_plan(args: Any) -> int:
     if getattr(args, "facts_dir", None) is not None and Path(args.facts_dir).exists() and not Path(args.facts_dir).is_dir():
         raise UsageError(f"--facts-dir {str(args.facts_dir)!r} is a file; fix: pass a folder (it is created when missing)")
     config = config_from_cli(args.config)
+    with loader_sample_mapping(resolve_mapping(config.loader.sample_mapping)):
+        return _run_plan(args, config)
+
+
+def _run_plan(args: Any, config: PackingConfig) -> int:
+    """:func:`run_plan` under its sample mapping."""
     start = time.perf_counter()
     if not args.measure and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         found = card_facts(args.dataset, args.processor, config)
@@ -602,7 +612,10 @@ def measure_in_place(args: Any, encoder: Any, config: PackingConfig, *, num_work
 
     facts_dir = Path(args.facts_dir) if getattr(args, "facts_dir", None) is not None else Path(args.out).resolve().parent
     path = kept_facts_path(args.dataset, args.split, facts_dir)
-    key = facts_key(plan_fingerprint(dataset_fingerprint(args.dataset, args.split), encoder_fingerprint(encoder), config))
+    mapping = mapping_name(current_loader_mapping())
+    key = facts_key(
+        plan_fingerprint(dataset_fingerprint(args.dataset, args.split), encoder_fingerprint(encoder), config, sample_mapping=mapping)
+    )
     kept = "--measure" if args.measure else load_kept_facts(path, key)
     if not isinstance(kept, str):
         return Measurement(**kept), f"measured from kept facts ({path}; the dataset is read in place)"

@@ -45,6 +45,7 @@ from energon_pack.identity import (
     plan_fingerprint,
     plan_loader_fingerprint,
 )
+from energon_pack.formats.sample_mapping import current_loader_mapping, loader_sample_mapping, mapping_name
 from energon_pack.packing.balance import BalancedStream, check_balanced_resume, deal_step
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
 from energon_pack.plan.build import dataset_fingerprint, open_split
@@ -80,7 +81,10 @@ def check_plan_matches(
 ) -> None:
     """Raise ``ResumeMismatchError`` naming every field where ``plan`` was built for something else
     (dataset shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
-    current = plan_fingerprint(dataset_fingerprint(path, split), encoder_fingerprint(encoder), config)
+    current = plan_fingerprint(
+        dataset_fingerprint(path, split), encoder_fingerprint(encoder), config,
+        sample_mapping=mapping_name(current_loader_mapping()),
+    )
     check_plan_fingerprint(plan.fingerprint, current, digest=plan.digest, allow_inexact=config.allow_inexact_resume)
 
 
@@ -101,6 +105,8 @@ class PlanRowSource:
     seed: int
     #: The balanced stream order (a balanced plan read with micro_batches_per_step), else None.
     balance: BalancedStream | None = None
+    #: The sample mapping foreign samples are read under (the loader's, captured when built).
+    sample_mapping: Any = field(default_factory=current_loader_mapping)
     _orders: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False)
     _reader: tuple[int, Any, Any] | None = field(default=None, init=False, repr=False)  # (pid, worker config, dataset)
 
@@ -128,7 +134,8 @@ class PlanRowSource:
 
             info = torch.utils.data.get_worker_info()
             worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0 if info is None else info.num_workers)
-            self._reader = (os.getpid(), worker_config, open_split(self.path, self.split, worker_config).build())
+            with loader_sample_mapping(self.sample_mapping):
+                self._reader = (os.getpid(), worker_config, open_split(self.path, self.split, worker_config).build())
         return self._reader[1], self._reader[2]
 
     def row(self, position: int) -> dict[str, Any]:

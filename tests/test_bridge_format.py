@@ -139,11 +139,58 @@ def test_bad_pickled_members_are_skips_with_their_own_reason(data, reason):
         ({"jpgs": pickle.dumps([]), "json": b'[{"from": "human", "value": "Hi"}]'}, "no_assistant_turn"),
         ({"jpgs": pickle.dumps([]), "json": b"\xff\xfe"}, "non_utf8_text"),
         ({"jpgs": pickle.dumps([])}, "malformed_conversation"),
-        ({"json": b'{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}], "tools": [{"name": "f"}]}'}, "unsupported_tools"),
+        ({"json": b'{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}], "tools": {"name": "f"}}'}, "malformed_tools"),
+        ({"json": b'{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}], "tools": ["f"]}'}, "malformed_tools"),
     ],
 )
 def test_bad_conversations_are_counted_reasons(parts, reason):
     assert _fields(parts)["invalid_reason"] == reason
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "zoom", "description": "Crop a region of the picture.",
+    "parameters": {"type": "object", "properties": {"box": {"type": "array", "items": {"type": "integer"}}}}}}]
+TOOL_TURNS = [{"from": "human", "value": "<image>Zoom on the cat."}, {"from": "gpt", "value": "Zooming."}]
+
+
+@pytest.mark.parametrize(
+    ("field_map", "member"),
+    [
+        (PICKLED_MAP, {}),
+        ({**PICKLED_MAP, "tools": "tools.json"}, {"tools.json": json.dumps(TOOLS).encode()}),
+        ({**PICKLED_MAP, "tools": "tools.pyd"}, {"tools.pyd": pickle.dumps(TOOLS)}),
+    ],
+    ids=["in-conversation-json", "json-member", "pickled-member"],
+)
+def test_a_bridge_sample_with_tools_gives_the_processor_ids_with_those_tools(processor_qwen3, field_map, member):
+    """Bridge 0.6.2 passes a sample's tools (its ``tools`` member, else the conversation JSON's) to
+    ``apply_chat_template(messages, tools=...)``; our rows equal the Qwen3-VL processor called so."""
+    from energon_pack.core.samples import QwenVLChatSample
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+
+    image = encoded_image(3, 64, 48)
+    payload = {"conversations": TOOL_TURNS, **({} if member else {"tools": TOOLS})}
+    fields = bridge_fields({"jpgs": pickle.dumps([image]), "json": json.dumps(payload).encode(), **member}, field_map=field_map)
+    assert fields["invalid_reason"] is None and fields["tools"] == TOOLS
+    sample = QwenVLChatSample(__key__="t", __restore_key__=(), __subflavors__=None, __sources__=None, **fields)
+    prepared = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096), processor_qwen3).preencode_sample(sample)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Zoom on the cat."}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "Zooming."}]}]
+    reference = hf_reference(processor_qwen3, messages, [image], [], tools=TOOLS)
+    without = hf_reference(processor_qwen3, messages, [image], [])
+    assert torch.equal(prepared.input_ids, reference["input_ids"][0])
+    assert len(reference["input_ids"][0]) > len(without["input_ids"][0])
+
+
+def test_a_tools_member_wins_over_the_conversation_json_and_a_malformed_one_is_a_skip():
+    field_map = {"conversation": "json", "tools": "tools.json"}
+    other = [{"type": "function", "function": {"name": "other"}}]
+    turns = json.dumps({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}], "tools": other}).encode()
+    assert bridge_fields({"json": turns, "tools.json": json.dumps(TOOLS).encode()}, field_map=field_map)["tools"] == TOOLS
+    assert bridge_fields({"json": turns, "tools.json": b""}, field_map=field_map)["tools"] == other
+    assert bridge_fields({"json": turns, "tools.json": b"[]"}, field_map=field_map)["tools"] is None
+    assert bridge_fields({"json": turns, "tools.json": b"{not json"}, field_map=field_map)["invalid_reason"] == "malformed_tools"
+    assert bridge_fields({"json": turns, "tools.json": b'"zoom"'}, field_map=field_map)["invalid_reason"] == "malformed_tools"
 
 
 def test_audio_is_a_counted_skip():

@@ -8,11 +8,16 @@ member is read depends on its extension (:func:`member_kind`):
 - ``conversation``: JSON (``json``, ``conversation.json``): a list of turns in ``role``/``content`` or
   ``from``/``value`` form, or an object holding it under ``conversations`` / ``messages`` /
   ``conversation`` (and optional ``tools``);
+- ``tools``: the chat template's tool definitions (a list of JSON-schema function objects), as JSON
+  (``json``, ``tools.json``, any other name) or a pickled list (``pyd`` / ``pickle`` / ``pkl``); it wins
+  over the conversation JSON's ``tools``, as in Bridge. Given to the record's ``tools``
+  (``apply_chat_template(messages, tools=...)``); one that is not a list of objects is the skip
+  ``malformed_tools``;
 - ``imgs``: a pickled list of encoded images (``jpgs``; also ``pyd`` / ``pickle`` / ``pkl``), or one
   encoded image (``jpg``, ``image.png``, ...);
 - ``videos``: a pickled list of videos, each a list of encoded frames (``mp4s``, ``videos``; also
   ``pyd`` / ``pickle`` / ``pkl``), or one video file (``mp4``, ``video.mp4``, ...);
-- ``audio``, ``tools``: Qwen-VL reads neither; a sample that carries one is a counted skip.
+- ``audio``: Qwen-VL reads none; a sample that carries some is a counted skip.
 
 Pickles are read by ``formats.safe_pickle`` (nothing executed); text-only samples carry empty
 pickled lists. A missing member reads as empty. The conversation is normalised as Bridge 0.6.2's
@@ -25,7 +30,7 @@ around a placeholder keeps one space (Bridge strips it and glues the words). Wor
                                                b' {"from": "gpt", "value": "A cat."}]'}
     -> {"conversation": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]},
                          {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]}],
-        "images": [b"<jpeg>"], "videos": [], "invalid_reason": None, "invalid_detail": None}
+        "images": [b"<jpeg>"], "videos": [], "invalid_reason": None, "invalid_detail": None, "tools": None}
 """
 
 # No `from __future__ import annotations`: Energon's config parser (dataset.yaml -> constructor
@@ -39,7 +44,7 @@ from typing import Any, Dict, Optional
 
 from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
 
-from energon_pack.core.conversation import MEDIA_KINDS, normalize_conversation, split_placeholders
+from energon_pack.core.conversation import MEDIA_KINDS, check_tools, normalize_conversation, split_placeholders
 from energon_pack.core.energon_fixes import forget_read_tar_members
 from energon_pack.core.samples import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, QwenVLChatSample
 from energon_pack.errors import BadSampleError, UsageError
@@ -76,17 +81,19 @@ def is_bridge_dataset_config(config: Mapping[str, Any]) -> bool:
 
 def member_kind(field: str, member: str) -> str:
     """How the member ``member`` of Bridge field ``field`` is read: ``"json"``, ``"pickled_list"``,
-    ``"one_image"``, ``"one_video"`` or ``"unread"`` (audio, tools).
+    ``"one_image"``, ``"one_video"`` or ``"unread"`` (audio).
 
     Example: ``("imgs", "jpgs")`` -> ``"pickled_list"``; ``("imgs", "image.png")`` -> ``"one_image"``.
     """
     extension = member.rpartition(".")[2].lower()
     if field == "conversation":
         return "json"
-    if field in ("audio", "tools"):
+    if field == "audio":
         return "unread"
     if extension in PICKLED_LIST_EXTENSIONS:
         return "pickled_list"
+    if field == "tools":
+        return "json"
     if field == "imgs" and extension in IMAGE_EXTENSIONS:
         return "one_image"
     if field == "videos" and extension in VIDEO_EXTENSIONS:
@@ -150,13 +157,25 @@ def _read_media(parts: Mapping[str, Any], field_map: Mapping[str, str], field: s
 
 
 def _has_content(parts: Mapping[str, Any], member: Optional[str]) -> bool:
-    """Whether an unread member (audio, tools) is there and not empty (an empty pickled list is empty)."""
+    """Whether an unread member (audio) is there and not empty (an empty pickled list is empty)."""
     if member is None or not parts.get(member):
         return False
     data = parts[member]
     if member.rpartition(".")[2].lower() in PICKLED_LIST_EXTENSIONS:
         return bool(load_plain_pickle(data, what=member))
     return True
+
+
+def _member_tools(parts: Mapping[str, Any], member: Optional[str], max_pickle_bytes: int) -> Any:
+    """The unchecked value of the ``tools`` member (JSON or a pickled list), None when absent or empty."""
+    if member is None or not parts.get(member):
+        return None
+    if member_kind("tools", member) == "pickled_list":
+        return load_plain_pickle(parts[member], what=member, max_bytes=max_pickle_bytes)
+    try:
+        return json.loads(parts[member].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadSampleError("malformed_tools", f"tools member {member!r} is not UTF-8 JSON ({err})") from None
 
 
 def _joined_text(pieces: Sequence[str]) -> str:
@@ -221,11 +240,8 @@ def bridge_fields(parts: Dict[str, Any], *, field_map: Mapping[str, str], max_pi
     """``QwenVLChatSample`` fields of one Bridge sample's raw members (see the module's worked example);
     a bad sample gets ``invalid_reason`` / ``invalid_detail`` and empty lists."""
     try:
-        for field in ("audio", "tools"):
-            if _has_content(parts, field_map.get(field)):
-                raise BadSampleError(
-                    f"unsupported_{field}", f"the sample carries {field} ({field_map[field]!r}); Qwen-VL reads no {field}"
-                )
+        if _has_content(parts, field_map.get("audio")):
+            raise BadSampleError("unsupported_audio", f"the sample carries audio ({field_map['audio']!r}); Qwen-VL reads no audio")
         images = _read_media(parts, field_map, "imgs", max_pickle_bytes)
         videos = _read_media(parts, field_map, "videos", max_pickle_bytes)
         member = field_map["conversation"]
@@ -237,13 +253,15 @@ def bridge_fields(parts: Dict[str, Any], *, field_map: Mapping[str, str], max_pi
             raise BadSampleError("non_utf8_text", f"conversation is not valid UTF-8 ({err.reason})") from None
         except json.JSONDecodeError as err:
             raise BadSampleError("malformed_conversation", f"conversation is not valid JSON: {err}") from None
-        messages, tools = bridge_conversation(payload)
-        if tools:
-            raise BadSampleError("unsupported_tools", "the conversation JSON carries tools; Qwen-VL rows here have none")
+        messages, payload_tools = bridge_conversation(payload)
+        member_tools = _member_tools(parts, field_map.get("tools"), max_pickle_bytes)
+        tools = check_tools(member_tools if member_tools is not None else payload_tools)
         conversation = normalize_conversation(messages, num_images=len(images), num_videos=len(videos))
     except BadSampleError as err:
         return dict(conversation=[], images=[], videos=[], invalid_reason=err.reason, invalid_detail=err.detail)
-    return dict(conversation=conversation, images=images, videos=videos, invalid_reason=None, invalid_detail=None)
+    return dict(
+        conversation=conversation, images=images, videos=videos, invalid_reason=None, invalid_detail=None, tools=tools
+    )
 
 
 class BridgeChatMLWebdataset(DefaultGenericWebdatasetFactory[QwenVLChatSample]):

@@ -68,6 +68,13 @@ def test_simulate_widths_must_be_comma_separated(capsys):
     assert "comma-separated" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("spec", ["my_pkg.maps", "json:no_such_function", "no_such_module_xyz:f"])
+def test_a_bad_sample_mapping_of_simulate_and_inspect_is_one_line(records, capsys, spec):
+    for argv in (["simulate", "--sample-mapping", spec], ["inspect", str(records), "--sample-mapping", spec]):
+        line = one_line_error(capsys, argv)
+        assert "--sample-mapping" in line and spec in line
+
+
 def test_get_packing_loader_on_a_records_file(records, processor):
     from energon_pack import PackingConfig, get_packing_loader
 

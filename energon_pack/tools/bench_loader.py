@@ -332,8 +332,11 @@ def _loader_factory(setting: LoaderSetting, dataset: Path, processor: Any, optio
         pixel_dtype=setting.pixel_dtype,
         prefetch_factor=options.prefetch_factor,
     )
+    # No watchdog on either side: a row of long or 4K clips on a busy machine can take longer than its
+    # 60 s, and its stack dumps (on stdout) would bury the tables.
+    no_watchdog = {"watchdog_timeout_seconds": None}
     if setting.side == "ours":
-        return lambda: get_packing_loader(dataset, config, processor)
+        return lambda: get_packing_loader(dataset, config, processor, **no_watchdog)
 
     def eager() -> Any:
         eager_dataset = get_train_dataset(
@@ -346,7 +349,9 @@ def _loader_factory(setting: LoaderSetting, dataset: Path, processor: Any, optio
             task_encoder=HFProcessorPackingTaskEncoder(processor, seq_length=options.seq_length),
             repeat=False,
         )
-        return pin_only_with_accelerator(SavableDataLoader(eager_dataset, prefetch_factor=options.prefetch_factor))
+        return pin_only_with_accelerator(
+            SavableDataLoader(eager_dataset, prefetch_factor=options.prefetch_factor, **no_watchdog)
+        )
 
     return eager
 

@@ -8,8 +8,9 @@ max_frames=...)``) runs ours (the package's default pixel payload, uint8) and th
 float32 pixels, first-fit-decreasing per buffer) at the same row width, buffer size and worker
 count, interleaved ``epochs`` times (`bench_loader.measure_settings`), with one floor pass per round.
 
-Per side: samples/s and tokens/s (median over runs), worker peak USS and RSS (max over runs),
-workers' CPU seconds (best run), efficiency = decode-and-resize floor CPU seconds / workers' CPU
+Per side: samples/s and tokens/s (median over runs), samples per worker CPU second (best run: what
+samples/s would be on cores of its own), worker peak USS and RSS (max over runs), workers' CPU
+seconds (best run), efficiency = decode-and-resize floor CPU seconds / workers' CPU
 seconds (best of each), and cores per GPU: the CPU cores that feed one GPU training at
 ``gpu_tokens_per_s`` real tokens per second, ``gpu_tokens_per_s * worker CPU seconds / tokens``.
 """
@@ -76,6 +77,9 @@ def _side_figures(runs: Sequence[RunFigures], floor_cpu: float, gpu_tokens_per_s
     return {
         "samples/s": statistics.median(run.samples / run.seconds for run in runs),
         "tokens/s": statistics.median(run.real_tokens / run.seconds for run in runs),
+        # Per CPU second of the workers: what samples/s would be on cores of its own (a shared machine's
+        # other jobs slow the wall clock, not this).
+        "samples/worker CPU s": runs[0].samples / cpu,
         "worker peak USS MiB": max(run.peak_uss for run in runs) / mib,
         "worker peak RSS MiB": max(run.peak_rss for run in runs) / mib,
         "worker CPU s": cpu,
@@ -104,7 +108,7 @@ def realistic_tables(options: RealisticBenchOptions, dataset: Path) -> list[tupl
         sides = {s.side: _side_figures(runs[s], floor_cpu, options.gpu_tokens_per_s) for s in (ours, eager)}
         for side, values in sides.items():
             figures.append({"family": family, "side": side, **values})
-        ratio = {name: sides["ours"][name] / sides["eager"][name] for name in sides["ours"] if sides["eager"][name]}
+        ratio = {name: sides["ours"][name] / sides["eager"][name] for name in sides["ours"] if name != "samples"}
         figures.append({"family": family, "side": "ours / eager", **ratio})
         cores.append({
             "family": family,

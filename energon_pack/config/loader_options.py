@@ -24,6 +24,17 @@ class LoaderOptions:
     timeout: seconds to wait for a worker's next row before raising ``RuntimeError`` (torch's
         ``DataLoader`` timeout: a hung worker becomes an error); 0 (the default) waits forever.
         Needs ``num_workers >= 1``.
+    exclude: samples skipped (counted as ``excluded``) by the online loader, the plan loader and
+        ``energon-pack plan``: each entry a sample key (``"000017"``: that key in every shard) or
+        ``"SHARD#KEY"`` (``"shards/data-000001.tar#000017"``, or the shard's file name alone). The
+        error of a worker killed while decoding a sample prints the entry that excludes it. Not
+        part of the resume fingerprint: a state resumes with samples newly excluded
+        (docs/state_contract.md).
+    max_storage_retries / storage_retry_delay: a transient storage error while reading a shard
+        (a reset connection, a timeout, an HTTP 5xx / throttling answer) is retried up to
+        ``max_storage_retries`` times, waiting ``storage_retry_delay * 2**attempt`` seconds
+        (0.5, 1, 2, 4 s by default) before each retry; corrupt data is never retried. After the
+        last retry the error names the object.
     """
 
     num_workers: int = 2
@@ -34,8 +45,13 @@ class LoaderOptions:
     allow_inexact_resume: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     prefetch_factor: int = field(default=2, metadata=NOT_FINGERPRINTED)
     timeout: float = field(default=0, metadata=NOT_FINGERPRINTED)
+    exclude: tuple[str, ...] = field(default=(), metadata=NOT_FINGERPRINTED)
+    max_storage_retries: int = field(default=4, metadata=NOT_FINGERPRINTED)
+    storage_retry_delay: float = field(default=0.5, metadata=NOT_FINGERPRINTED)
 
     def __post_init__(self) -> None:
+        if isinstance(self.exclude, list):  # as YAML gives it
+            object.__setattr__(self, "exclude", tuple(self.exclude))
         raise_if_problems(type(self).__name__, self.problems())
 
     def fingerprint(self) -> dict[str, Any]:
@@ -52,6 +68,35 @@ class LoaderOptions:
         yield int_problem("seed", self.seed, minimum=0)
         yield int_problem("prefetch_factor", self.prefetch_factor, minimum=1)
         yield _timeout_problem(self.timeout, self.num_workers)
+        yield exclude_problem(self.exclude)
+        yield int_problem("max_storage_retries", self.max_storage_retries, minimum=0)
+        yield _delay_problem(self.storage_retry_delay)
+
+
+def exclude_problem(exclude: Any) -> str | None:
+    """``exclude`` must be a list of non-empty strings, each ``KEY`` or ``SHARD#KEY`` with both parts set.
+
+    Example: ``exclude_problem(("a.tar#",))`` -> an error naming ``'a.tar#'``.
+    """
+    if not isinstance(exclude, tuple) or not all(isinstance(entry, str) for entry in exclude):
+        return (
+            f"exclude={exclude!r}: must be a list of sample keys or 'SHARD#KEY' strings; "
+            "fix: set e.g. exclude: ['shards/data-000001.tar#000017']"
+        )
+    bad = [entry for entry in exclude if not entry or any(not part for part in entry.split("#")) or entry.count("#") > 1]
+    if bad:
+        return (
+            f"exclude entries {bad!r}: each must be KEY or SHARD#KEY with both parts non-empty; "
+            "fix: copy the line the loader's error prints, e.g. 'shards/data-000001.tar#000017'"
+        )
+    return None
+
+
+def _delay_problem(delay: Any) -> str | None:
+    """``storage_retry_delay`` must be a number of seconds >= 0. Example: ``_delay_problem(-1)`` -> an error line."""
+    if isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay >= 0:
+        return None
+    return f"storage_retry_delay={delay!r}: must be a number of seconds >= 0; fix: set e.g. storage_retry_delay: 0.5"
 
 
 def _timeout_problem(timeout: Any, num_workers: Any) -> str | None:

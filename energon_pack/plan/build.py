@@ -306,6 +306,8 @@ def measure_dataset(
     """
     if not facts:
         why = "--measure"
+    elif encoder.config.loader.exclude:
+        why = "the config has an exclude list; facts do not name samples"
     else:
         found = fresh_facts(path, processor_fingerprint(encoder.processor))
         if not isinstance(found, str):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
@@ -184,8 +185,11 @@ class PlanDataLoader:
         fingerprint: dict[str, Any],
         allow_inexact_resume: bool,
         data_parallel_group: Any = None,
+        stats_dir: tempfile.TemporaryDirectory | None = None,
     ) -> None:
         self.source = source
+        #: Where workers record the sample they decode (``runtime.inflight``); removed with the loader.
+        self._stats_dir = stats_dir
         self.rank = rank
         self.world_size = world_size
         self.num_workers = num_workers
@@ -265,7 +269,7 @@ class PlanDataLoader:
             self._rows = rows = iter(loader)
         self._iterating = True
         try:
-            for row in rows:
+            for row in self._named_deaths(rows):
                 self._consumed += 1
                 self._stats.add_row_counts(row["__stats__"])
                 if row.get("__empty__"):
@@ -277,6 +281,14 @@ class PlanDataLoader:
         if end is not None:  # a finished epoch: the next iteration reads the next one
             self._epoch += 1
             self._start, self._consumed = self._epoch * self.plan.num_rows, 0
+
+    def _named_deaths(self, rows: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """``rows``, with torch's error about a dead worker replaced by a ``WorkerDiedError`` naming
+        the sample it was decoding (``runtime.inflight``)."""
+        from energon_pack.runtime.inflight import naming_dead_workers
+
+        with naming_dead_workers(None if self._stats_dir is None else self._stats_dir.name):
+            yield from rows
 
     def close(self) -> None:
         """Stop the workers of the iteration in progress (a failed or abandoned epoch does too);
@@ -402,6 +414,7 @@ def plan_data_loader(
     rank: int,
     world_size: int,
     data_parallel_group: Any = None,
+    stats_dir: tempfile.TemporaryDirectory | None = None,
     **loader_kwargs: Any,
 ) -> PlanDataLoader:
     """The plan loader of one rank (``get_packing_loader(..., plan=...)`` calls this).
@@ -441,6 +454,7 @@ def plan_data_loader(
         fingerprint=fingerprint,
         allow_inexact_resume=config.allow_inexact_resume,
         data_parallel_group=data_parallel_group,
+        stats_dir=stats_dir,
     )
 
 

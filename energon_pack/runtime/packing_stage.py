@@ -370,6 +370,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         return self.postencode(sample) if slot is None else self.postencode(sample, slot)
 
     def _postencode_or_skip(self, sample: PreparedSample, slot: Any = None) -> EncodedSample | None:
+        if sample.skip_reason is not None:
+            # A buffered sample restored from a state as a skip marker (newly excluded).
+            self._skip(sample, sample.skip_reason, sample.skip_detail)
+            return None
         try:
             with self._encode_index.ctx() as encode_index:
                 encoded = self._postencode(sample, slot)

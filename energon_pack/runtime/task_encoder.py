@@ -35,6 +35,8 @@ from energon_pack.qwen.pixels import PixelSlots, allocate_row_pixels, in_loader_
 from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec
 from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.runtime.exclude import ExcludeList
+from energon_pack.runtime.inflight import InflightRecorder
 from energon_pack.runtime.skip_log import warn_skip
 from energon_pack.core.stage_times import timed
 from energon_pack.runtime.stats import row_counts
@@ -56,7 +58,9 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
     packing stage. ``processor``: a Qwen-VL processor (``load_processor()`` when None); its pixel
     limits decide token counts. ``rope_spec``: rope constants (from the model config when known;
     otherwise derived from the processor). ``stats_dir``: folder where each worker's packing
-    stage publishes its statistics (``get_packing_loader`` sets one; None publishes nothing).
+    stage publishes its statistics and each worker records the sample it is decoding
+    (``runtime.inflight``; ``get_packing_loader`` sets one; None publishes nothing).
+    Samples on ``config.loader.exclude`` become skip markers (reason ``excluded``) in preencode.
     """
 
     decoder = None  # raw bytes reach preencode: media stay compressed until postencode
@@ -83,6 +87,9 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.
         self.budget = row_budget(config.row, config.policy)
         self.stats_dir = stats_dir
+        #: Where each worker records the sample it is decoding (named when the worker dies).
+        self.inflight = InflightRecorder(stats_dir)
+        self.exclude = ExcludeList(config.loader.exclude)
         #: Modelled FLOPs of rows (``row_cost["flops"]``) when ``config.policy.cost_model`` is set.
         self.cost_model = (
             None if config.policy.cost_model is None
@@ -108,14 +115,18 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
 
     @stateless
     def preencode_sample(self, sample: QwenVLChatSample) -> PreparedSample:
-        """Tokenize and measure ``sample`` from media headers; a bad sample becomes a skip marker."""
+        """Tokenize and measure ``sample`` from media headers; a bad or excluded sample becomes a skip marker."""
         try:
+            excluded = self.exclude.of_sample(sample)
+            if excluded is not None:
+                raise BadSampleError("excluded", f"{excluded!r} is on the exclude list")
             if sample.invalid_reason is not None:
                 raise BadSampleError(sample.invalid_reason, sample.invalid_detail)
             shrink = self.config.policy.on_overlong == "shrink"
-            prepared = self.chat.prepare(
-                sample.conversation, sample.images, sample.videos, fits=self._fits_row if shrink else None
-            )
+            with self.inflight.decoding(sample, "preencode"):
+                prepared = self.chat.prepare(
+                    sample.conversation, sample.images, sample.videos, fits=self._fits_row if shrink else None
+                )
         except BadSampleError as err:
             return PreparedSample.skipped(sample, err)
         return PreparedSample.derive_from(sample, images=sample.images, videos=sample.videos, **vars(prepared))
@@ -131,7 +142,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         """Decode and patchify the media of ``sample`` (into ``slots`` of its row's payload when
         given, see :meth:`allocate_row_pixels`); raises ``BadSampleError`` on bad media."""
         prepared = PreparedChat(**{f.name: getattr(sample, f.name) for f in fields(PreparedChat)})
-        encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots)
+        with self.inflight.decoding(sample, "postencode"):
+            encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots)
         segment = sample.segment(encoded.mrope_position_ids, encoded.visual)
         return EncodedSample.derive_from(sample, segment=segment)
 

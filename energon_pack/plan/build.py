@@ -544,7 +544,8 @@ def run_plan(args: Any) -> int:
     check_dataset_path(args.dataset, split=args.split)
     config = config_from_cli(args.config)
     start = time.perf_counter()
-    if not args.measure and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    # Facts hold no sample keys: an exclude list needs the samples read.
+    if not args.measure and not config.loader.exclude and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         found = card_facts(args.dataset, args.processor, config)
         if found is not None:
             measurement = measure_from_facts(args.dataset, found.accounting, found.facts, found.tokens, split=args.split)

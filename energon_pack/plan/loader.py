@@ -32,7 +32,7 @@ import itertools
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -50,9 +50,11 @@ from energon_pack.packing.balance import BalancedStream, check_balanced_resume, 
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
 from energon_pack.plan.build import dataset_fingerprint, open_split
 from energon_pack.plan.file import MappedPlan, PackPlan, open_plan
+from energon_pack.packing.planner import is_count
+from energon_pack.runtime.state_check import raise_if_state_problems
 from energon_pack.runtime.stats import PackingStats, aggregate_stats
 
-__all__ = ["PlanDataLoader", "PlanLoaderState", "check_plan_matches", "plan_data_loader"]
+__all__ = ["PlanDataLoader", "PlanLoaderState", "check_plan_matches", "plan_data_loader", "plan_state_problems"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -74,6 +76,35 @@ class PlanLoaderState:
     world_size: int
     #: Rows per step (dp x micro_batches_per_step) of a balanced loader; None with plain dealing.
     step_rows: int | None = None
+
+
+def plan_state_problems(state: PlanLoaderState, *, num_rows: int, repeat: bool) -> list[str]:
+    """What is wrong with a plan-loader state for a plan of ``num_rows`` rows read with ``repeat``
+    ([] when consistent): field types, an epoch and cursor the stream can hold, sound statistics.
+
+    Example: ``cursor=-3`` -> ``["cursor=-3 is not a non-negative integer"]``; ``repeat=False``,
+    ``epoch=1``, ``cursor=5`` of a 10-row plan -> ``["cursor=5 is outside epoch 1's positions [10, 20]"]``.
+    """
+    problems = [] if isinstance(state.fingerprint, Mapping) else [f"fingerprint is a {type(state.fingerprint).__name__}, not a mapping"]
+    problems += [
+        f"{name}={getattr(state, name)!r} is not a non-negative integer"
+        for name in ("cursor", "epoch", "rank", "world_size") if not is_count(getattr(state, name))
+    ]
+    if is_count(state.rank) and is_count(state.world_size) and state.rank >= state.world_size:
+        problems.append(f"rank={state.rank} is not below world_size={state.world_size}")
+    if state.step_rows is not None and not (is_count(state.step_rows) and state.step_rows > 0):
+        problems.append(f"step_rows={state.step_rows!r} is neither None nor a positive integer")
+    if not isinstance(state.stats, Mapping) or not isinstance(state.stats.get("skipped"), Mapping):
+        problems.append("stats is not a saved statistics mapping (PackingStats.snapshot())")
+    if is_count(state.cursor) and is_count(state.epoch):
+        if repeat and state.epoch != 0:
+            problems.append(f"epoch={state.epoch}: a repeating loader's state has epoch 0 (its cursor counts every row)")
+        elif not repeat and not state.epoch * num_rows <= state.cursor <= (state.epoch + 1) * num_rows:
+            problems.append(
+                f"cursor={state.cursor} is outside epoch {state.epoch}'s positions "
+                f"[{state.epoch * num_rows}, {(state.epoch + 1) * num_rows}] of this {num_rows}-row plan"
+            )
+    return problems
 
 
 def check_plan_matches(
@@ -367,7 +398,11 @@ class PlanDataLoader:
                 f"restore_state_rank got {type(state).__name__}; pass the object returned by "
                 "PlanDataLoader.save_state_rank() (a state of the online loader cannot seed a plan loader)"
             )
-        check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        if isinstance(state.fingerprint, Mapping):  # else plan_state_problems names it
+            check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        raise_if_state_problems(
+            plan_state_problems(state, num_rows=self.plan.num_rows, repeat=self.repeat), saved_by="PlanDataLoader"
+        )
         if self.balance is not None and not self.allow_inexact_resume:
             check_balanced_resume(
                 cursor=state.cursor, base=self.balance.base(state.cursor),

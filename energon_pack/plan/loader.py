@@ -9,8 +9,10 @@ trainer in position order.
 
 Rows: members are fetched by Energon restore key (random access through the dataset's index,
 no scan), preencoded and turned into a THD row by the task encoder's ``encode_row``: the same
-postencode and row builder as online packing. A row whose members all fail to decode arrives
-as an empty marker and is dropped (counted) in the main process, so positions stay aligned.
+postencode and row builder as online packing. A member that fails to decode (or is excluded) is a
+counted skip under the same reason as online, and the row keeps its planned width (the member's
+slots become padding, with no loss); a row whose members all fail arrives as an empty marker and
+is dropped (counted) in the main process, so positions stay aligned.
 
 State: ``PlanLoaderState.cursor``: every position below it is consumed by some rank. With
 ranks in lock step (the same number of rows each), every rank saves the same cursor, so a
@@ -167,7 +169,7 @@ class PlanRowSource:
         """The THD row (or empty marker) at ``position``, tagged with ``__plan__`` and a restore key."""
         epoch, plan_row = self.plan_row(position)
         prepared = [self.encoder.preencode_sample(self.fetch(index)) for index in self.plan.global_indices(plan_row)]
-        row = self.encoder.encode_row(prepared)
+        row = self.encoder.encode_row(prepared, planned_tokens=self.plan.row_tokens(plan_row))
         row["__plan__"] = {"position": position, "epoch": epoch, "row": plan_row}
         row["__restore_key__"] = ("PackPlan", position)
         return row

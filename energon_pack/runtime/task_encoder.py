@@ -40,7 +40,7 @@ from energon_pack.runtime.inflight import InflightRecorder
 from energon_pack.runtime.skip_log import warn_skip
 from energon_pack.core.stage_times import timed
 from energon_pack.runtime.stats import row_counts
-from energon_pack.rows.thd import build_layout_row, collate_rows
+from energon_pack.rows.thd import build_layout_row, collate_rows, row_width
 
 
 # Forked Energon workers must not share the tokenizer's Rust thread pool.
@@ -172,8 +172,10 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         return collate_rows([self._thd_row(row) for row in rows])
 
     @stateless
-    def encode_row(self, samples: Sequence[PreparedSample]) -> dict:
+    def encode_row(self, samples: Sequence[PreparedSample], *, planned_tokens: Sequence[int] = ()) -> dict:
         """One THD row from a fixed set of prepared samples (an in-batch micro-batch, a plan row).
+        ``planned_tokens``: the planned members' token counts (a plan row); the row is at least as
+        wide as they make it (``row_width``), so a member that fails leaves padding, not a narrower row.
 
         Same path as online rows: ``postencode_sample`` each, ``pack_selected_samples``, ``batch``.
         Bad samples (skip markers, samples that alone exceed the row budget, media that fail to
@@ -200,7 +202,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         if not encoded:
             return {"__empty__": True, "__stats__": row_counts(samples_in=len(samples), skipped=skipped)}
         packed = self.pack_selected_samples(encoded)
-        row = self.batch([packed])
+        row = collate_rows([self._thd_row(packed, min_width=row_width(planned_tokens, self.config.row) if planned_tokens else 0)])
         row["__stats__"] = row_counts(
             samples_in=len(samples),
             skipped=skipped,
@@ -230,9 +232,9 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             cost["flops"] = self.cost_model.row([s.length for s in row.segments], grids, width=width)
         return cost
 
-    def _thd_row(self, row: PackedRow) -> dict:
+    def _thd_row(self, row: PackedRow, *, min_width: int = 0) -> dict:
         with timed("row assembly"):
-            out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id)
+            out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id, min_width=min_width)
         out["__stats__"] = row.stats
         out["row_cost"] = self.row_cost(row, width=out["total_tokens"])
         out["__restore_key__"] = row.__restore_key__

@@ -7,6 +7,7 @@ The loader keeps the latest snapshot per worker; ``aggregate_stats`` sums them.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -104,7 +105,8 @@ class PackingStats(Savable):
 
     def restore_state(self, state: Mapping[str, Any] | None) -> None:
         fresh = PackingStats(worker_id=self.worker_id)
-        for name, value in (asdict(fresh) if state is None else state).items():
+        # A copy: counting on must not change the state object (it may be restored again).
+        for name, value in (asdict(fresh) if state is None else copy.deepcopy(dict(state))).items():
             setattr(self, name, value)
 
 

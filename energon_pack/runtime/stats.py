@@ -50,6 +50,8 @@ class PackingStats(Savable):
     #: Per row-cost key (``PackedRow.row_cost``): its sum and its largest value over the rows.
     row_cost_sum: dict[str, int] = field(default_factory=dict)
     row_cost_max: dict[str, int] = field(default_factory=dict)
+    #: Sample reads retried after a transient storage error (``core.storage_retries``).
+    storage_retries: int = 0
 
     def count_skip(self, reason: str) -> None:
         """Count one skipped sample under ``reason`` (a short snake_case key)."""
@@ -88,6 +90,7 @@ class PackingStats(Savable):
     def add_row_counts(self, counts: Mapping[str, Any]) -> None:
         """Add what one batch of samples contributed (:func:`row_counts`): reads, skips and its row."""
         self.samples_in += counts["samples_in"]
+        self.storage_retries += counts.get("storage_retries", 0)
         for reason, count in counts["skipped"].items():
             self.skipped[reason] = self.skipped.get(reason, 0) + count
         for before, after in counts["shrunk"]:
@@ -117,16 +120,17 @@ def row_counts(
     width: int = 0,
     cost: Mapping[str, int] | None = None,
     shrunk: Iterable[tuple[int, int]] = (),
+    storage_retries: int = 0,
 ) -> dict[str, Any]:
     """Counters one batch of samples contributes: reads, skips by reason, shrunk samples
-    ``(tokens before, after)`` and its row (``width`` slots, ``cost`` = ``PackedRow.row_cost``;
-    no row when ``cost`` is None).
+    ``(tokens before, after)``, sample reads retried after a transient storage error and its row
+    (``width`` slots, ``cost`` = ``PackedRow.row_cost``; no row when ``cost`` is None).
 
     Rows built from a fixed set of samples (in-batch rows, plan rows) carry these instead of a
     worker snapshot; the loader sums them in the main process, exactly at the consumer's position.
     Example: 4 samples, 1 corrupt image, a row of 1024 slots costing ``{"real_tokens": 900,
     "segments": 3, ...}`` -> ``{"kind": "row_counts", "samples_in": 4, "skipped": {"corrupt_image": 1},
-    "width": 1024, "cost": {...}, "shrunk": []}``.
+    "width": 1024, "cost": {...}, "shrunk": [], "storage_retries": 0}``.
     """
     return {
         "kind": ROW_COUNTS,
@@ -135,6 +139,7 @@ def row_counts(
         "width": width,
         "cost": None if cost is None else dict(cost),
         "shrunk": [list(pair) for pair in shrunk],
+        "storage_retries": storage_retries,
     }
 
 
@@ -154,7 +159,7 @@ def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {"workers": 0, "skipped": Counter(), "fill_histogram": [0] * FILL_BINS}
     summed = (
         "samples_in", "samples_packed", "rows", "real_tokens", "row_slots", "rounds", "flush_rows", "flush_real_tokens",
-        "shrunk", "shrunk_tokens_before", "shrunk_tokens_after",
+        "shrunk", "shrunk_tokens_before", "shrunk_tokens_after", "storage_retries",
     )
     for name in summed:
         total[name] = 0

@@ -35,6 +35,7 @@ from energon_pack.qwen.pixels import PixelSlots, allocate_row_pixels, in_loader_
 from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec
 from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.core.storage_retries import install_storage_retries, take_storage_retries
 from energon_pack.runtime.exclude import ExcludeList
 from energon_pack.runtime.inflight import InflightRecorder
 from energon_pack.runtime.skip_log import warn_skip
@@ -87,6 +88,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.
         self.budget = row_budget(config.row, config.policy)
         self.stats_dir = stats_dir
+        install_storage_retries(config.loader.max_storage_retries, config.loader.storage_retry_delay)
         #: Where each worker records the sample it is decoding (named when the worker dies).
         self.inflight = InflightRecorder(stats_dir)
         self.exclude = ExcludeList(config.loader.exclude)
@@ -199,8 +201,12 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             except BadSampleError as err:
                 skipped[err.reason] += 1
                 warn_skip(sample.__key__, err)
+        retries = take_storage_retries()  # of reading these samples
         if not encoded:
-            return {"__empty__": True, "__stats__": row_counts(samples_in=len(samples), skipped=skipped)}
+            return {
+                "__empty__": True,
+                "__stats__": row_counts(samples_in=len(samples), skipped=skipped, storage_retries=retries),
+            }
         packed = self.pack_selected_samples(encoded)
         row = collate_rows([self._thd_row(packed, min_width=row_width(planned_tokens, self.config.row) if planned_tokens else 0)])
         row["__stats__"] = row_counts(
@@ -209,6 +215,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             width=row["total_tokens"],
             cost=self.row_cost(packed, width=row["total_tokens"]),
             shrunk=[(s.tokens_before_shrink, s.num_tokens) for s in samples if s.tokens_before_shrink is not None],
+            storage_retries=retries,
         )
         row["__restore_key__"] = ()
         return row

@@ -502,6 +502,8 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
     # buffer_tokens and fast_jpeg_decode enter only when set (see test_optional_knobs_enter_the_fingerprint_when_set).
     unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens",
                        "fast_jpeg_decode", "max_consecutive_skips", "timeout",
+                       # skipping named samples and retrying storage reads resume across changes (issue 35)
+                       "exclude", "max_storage_retries", "storage_retry_delay",
                        # balanced steps change no online row; a balanced plan records them (packing_fingerprint)
                        "cost_model", "frozen_vision", "balance_steps", "balance_window_steps"}
     part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import pickle
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from energon_pack.plan.build import build_plan
 from energon_pack.plan.file import PackPlan
 from energon_pack.runtime.exclude import ExcludeList, exclude_entry
 from tests.test_loader_resume import make_config, row_digest
+from tests.test_state_corruption import _stages
 
 # --- matching ----------------------------------------------------------------------------------
 
@@ -101,18 +101,7 @@ def reference(dataset, processor) -> list:
 
 def _ready_bins(state: Any) -> int:
     """Ready bins of the in-process packing stage in a saved loader state."""
-
-    def walk(node: Any) -> Iterator[dict]:
-        if isinstance(node, dict):
-            if node.get("__class__") == "PendingGroupPackingDataset":
-                yield node
-            for value in node.values():
-                yield from walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from walk(value)
-
-    return sum(len(stage["_plan"]["ready"]) for stage in walk(state.energon_state.worker_states))
+    return sum(len(stage["_plan"]["ready"]) for stage in _stages(state))
 
 
 @pytest.mark.slow

@@ -161,8 +161,6 @@ def flaky_remote(tmp_path_factory):
     """``(msc URL, local folder, proxy)``: 16 synthetic samples in shards of 2 (MSC reads a small
     shard object in one GET: many shards make many reads) in a moto bucket, read through the
     dropping proxy, with MSC's and botocore's own retries off."""
-    import os
-
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
     from tests.test_msc import BUCKET, _client, _upload
 
@@ -187,15 +185,11 @@ def flaky_remote(tmp_path_factory):
         "credentials_provider": {"type": "S3Credentials", "options": {"access_key": "test", "secret_key": "test"}},
         "retry": {"attempts": 1, "delay": 0},
     }}}))
-    before = os.environ.get("MSC_CONFIG")
-    os.environ["MSC_CONFIG"] = str(config)
     try:
-        yield "msc://flaky/flaky", local, proxy
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("MSC_CONFIG", str(config))
+            yield "msc://flaky/flaky", local, proxy
     finally:
-        if before is None:
-            os.environ.pop("MSC_CONFIG", None)
-        else:
-            os.environ["MSC_CONFIG"] = before
         proxy.shutdown()
         server.stop()
 

@@ -209,3 +209,21 @@ def test_an_epoch_through_a_flaky_endpoint_equals_the_clean_run_and_counts_the_r
         assert [digest(row) for row in loader] == expected
         retries = loader.stats()["storage_retries"]
     assert proxy.dropped > dropped and retries == proxy.dropped - dropped
+
+
+@pytest.mark.slow
+def test_a_plan_epoch_through_a_flaky_endpoint_equals_the_clean_run_and_counts_the_retries(flaky_remote, processor):
+    from energon_pack import PackingConfig, get_packing_loader
+    from energon_pack.plan.build import build_plan
+    from tests.row_digests import digest
+
+    remote, local, proxy = flaky_remote
+    config = PackingConfig(seq_length=2048, num_workers=2, repeat=False, storage_retry_delay=0.01)
+    plan = build_plan(local, config, processor, num_workers=0, progress=False)
+    with get_packing_loader(local, config, processor, plan=plan) as clean:
+        expected = [digest(row) for row in clean]
+    dropped = proxy.dropped
+    with get_packing_loader(remote, config, processor, plan=plan) as loader:
+        assert [digest(row) for row in loader] == expected
+        retries = loader.stats()["storage_retries"]
+    assert proxy.dropped > dropped and retries == proxy.dropped - dropped

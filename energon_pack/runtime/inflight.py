@@ -54,6 +54,10 @@ class InflightRecorder:
         self.directory = directory
         self._mapping: tuple[int, mmap.mmap] | None = None  # (pid, mapping)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the mapping (a spawned process maps its own file)."""
+        return {"directory": self.directory, "_mapping": None}
+
     def _map(self) -> mmap.mmap | None:
         pid = os.getpid()
         if self._mapping is None or self._mapping[0] != pid:

@@ -1,17 +1,15 @@
 """Transient storage errors are retried with bounded exponential backoff, corrupt data never is.
 
-Unit cases drive ``with_retries`` with a fake read; the end-to-end case serves a dataset from a
-local moto S3 server behind a proxy on 127.0.0.1 that drops the connection of every 5th read of
-a shard object (``msc://``, with MSC's and botocore's own retries turned off so that the drops
-reach the loader): an epoch gives the rows of a clean run and the statistics count the retries.
+Unit cases drive ``with_retries`` with a fake read; the end-to-end cases read a dataset from a
+local moto S3 server through ``msc://`` with every 5th opening of a shard object failing as MSC
+fails on a connection reset (``flaky_reads``): an epoch of the online loader (0 and 2 workers)
+and of the plan loader gives the rows of a clean run, and the statistics count every retry.
 """
 
 from __future__ import annotations
 
-import http.client
-import http.server
 import json
-import threading
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -98,75 +96,23 @@ def test_the_backoff_doubles_and_is_bounded_by_the_retry_count(monkeypatch):
     take_storage_retries()
 
 
-# --- end to end: msc:// through a proxy that drops every 5th shard read -----------------------------
+# --- end to end: msc:// with every 5th shard read failing transiently ----------------------------
 
 moto_server = pytest.importorskip("moto.server", reason="needs moto[server] and boto3 (the test extra)")
 pytest.importorskip("boto3", reason="needs moto[server] and boto3 (the test extra)")
 
-DROP_EVERY = 5
-
-
-class _DroppingProxy(http.server.ThreadingHTTPServer):
-    """Forwards HTTP requests to ``upstream``; on every ``DROP_EVERY``-th GET of a ``.tar`` object
-    the connection breaks mid-transfer (half the body sent, then closed), as a flaky endpoint does.
-    (A connection closed before the answer is retried inside botocore already.)"""
-
-    daemon_threads = True
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream, self.tar_reads, self.dropped = upstream, 0, 0
-        self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _ProxyHandler)
-
-
-class _ProxyHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:
-        pass
-
-    def _forward(self) -> None:
-        server: _DroppingProxy = self.server  # type: ignore[assignment]
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        drop = False
-        if self.command == "GET" and self.path.split("?")[0].endswith(".tar"):
-            with server.lock:
-                server.tar_reads += 1
-                drop = server.tar_reads % DROP_EVERY == 0
-                server.dropped += drop
-        upstream = http.client.HTTPConnection(*server.upstream)
-        upstream.request(self.command, self.path, body=body or None, headers=dict(self.headers))
-        answer = upstream.getresponse()
-        data = answer.read()
-        self.send_response(answer.status)
-        for name, value in answer.getheaders():
-            if name.lower() not in ("content-length", "transfer-encoding", "connection"):
-                self.send_header(name, value)
-        # A HEAD answer keeps the object's size; others carry the body read.
-        self.send_header("Content-Length", answer.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data)))
-        self.end_headers()
-        if drop:  # the connection breaks mid-transfer: half the body, then closed
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-        elif self.command != "HEAD":
-            self.wfile.write(data)
-        upstream.close()
-
-    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+FAIL_EVERY = 5
 
 
 @pytest.fixture(scope="module")
-def flaky_remote(tmp_path_factory):
-    """``(msc URL, local folder, proxy)``: 16 synthetic samples in shards of 2 (MSC reads a small
-    shard object in one GET: many shards make many reads) in a moto bucket, read through the
-    dropping proxy, with MSC's and botocore's own retries off."""
+def remote(tmp_path_factory):
+    """``(msc URL, local folder)``: 16 synthetic samples in shards of 2 (MSC reads a small shard
+    object in one GET: many shards make many reads) in a local moto S3 bucket."""
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
     from tests.test_msc import BUCKET, _client, _upload
 
     spec = SyntheticSpec(max_image_side=128, max_video_seconds=1.0, max_video_side=64)
     dataset = make_synthetic_dataset(tmp_path_factory.mktemp("flaky"), 16, seed=3, spec=spec, samples_per_shard=2)
-
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -174,56 +120,83 @@ def flaky_remote(tmp_path_factory):
     client.create_bucket(Bucket=BUCKET)
     local = Path(dataset.out_dir)
     _upload(client, local, "flaky")
-    proxy = _DroppingProxy((host, port))
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
     config = tmp_path_factory.mktemp("msc_flaky") / "msc.json"
     config.write_text(json.dumps({"profiles": {"flaky": {
         "storage_provider": {"type": "s3", "options": {
-            "base_path": BUCKET, "endpoint_url": f"http://127.0.0.1:{proxy.server_address[1]}",
-            "region_name": "us-east-1", "retries": {"max_attempts": 1, "mode": "standard"},
+            "base_path": BUCKET, "endpoint_url": f"http://{host}:{port}", "region_name": "us-east-1",
         }},
         "credentials_provider": {"type": "S3Credentials", "options": {"access_key": "test", "secret_key": "test"}},
-        "retry": {"attempts": 1, "delay": 0},
     }}}))
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("MSC_CONFIG", str(config))
-            yield "msc://flaky/flaky", local, proxy
+            yield "msc://flaky/flaky", local
     finally:
-        proxy.shutdown()
         server.stop()
+
+
+@pytest.fixture
+def flaky_reads(monkeypatch):
+    """Every ``FAIL_EVERY``-th opening of an ``msc://`` shard object (counted across forked workers) fails with
+    the error MSC raises for a connection reset mid-download (an ``OSError`` caused by its
+    ``RetryableError``) before any byte is read; returns the shared count of injected failures.
+    (A real flaky endpoint behind a proxy is no deterministic fault: botocore and MSC retry some
+    failures below the loader, and a body cut short can reach the reader as short data.)"""
+    from megatron.energon.epathlib import EPath
+    from multistorageclient.types import RetryableError
+
+    opened, failed = multiprocessing.Value("i", 0), multiprocessing.Value("i", 0)
+    energon_open = EPath.open
+
+    def flaky_open(self, mode="r", block_size=None):
+        if str(self).startswith("msc://") and str(self).endswith(".tar") and "r" in mode:
+            with opened.get_lock():
+                opened.value += 1
+                fail = opened.value % FAIL_EVERY == 0
+                failed.value += fail
+            if fail:
+                try:
+                    raise RetryableError(f"Failed to GET object(s) at {self}: connection reset (injected)")
+                except RetryableError as error:
+                    raise OSError(f"Failed to download file {self}") from error
+        return energon_open(self, mode, block_size)
+
+    monkeypatch.setattr(EPath, "open", flaky_open)
+    return failed
+
+
+def _epoch(dataset, config, processor, **kwargs) -> tuple[list[str], int]:
+    from energon_pack import get_packing_loader
+    from tests.row_digests import digest
+
+    with get_packing_loader(dataset, config, processor, **kwargs) as loader:
+        return [digest(row) for row in loader], loader.stats()["storage_retries"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_an_epoch_through_a_flaky_endpoint_equals_the_clean_run_and_counts_the_retries(flaky_remote, processor, num_workers):
-    from energon_pack import PackingConfig, get_packing_loader
-    from tests.row_digests import digest
+def test_an_epoch_with_every_5th_shard_read_failing_equals_the_clean_run_and_counts_the_retries(
+    remote, processor, num_workers, flaky_reads
+):
+    from energon_pack import PackingConfig
 
-    remote, local, proxy = flaky_remote
+    url, local = remote
     config = PackingConfig(seq_length=2048, buffer_size=6, num_workers=num_workers, repeat=False, storage_retry_delay=0.01)
-    with get_packing_loader(local, config, processor) as clean:
-        expected = [digest(row) for row in clean]
-    dropped = proxy.dropped
-    with get_packing_loader(remote, config, processor) as loader:
-        assert [digest(row) for row in loader] == expected
-        retries = loader.stats()["storage_retries"]
-    assert proxy.dropped > dropped and retries == proxy.dropped - dropped
+    clean = _epoch(local, config, processor)
+    assert flaky_reads.value == 0  # local reads are never failed
+    rows, retries = _epoch(url, config, processor)
+    assert rows == clean[0] and flaky_reads.value > 0 and retries == flaky_reads.value
 
 
 @pytest.mark.slow
-def test_a_plan_epoch_through_a_flaky_endpoint_equals_the_clean_run_and_counts_the_retries(flaky_remote, processor):
-    from energon_pack import PackingConfig, get_packing_loader
+def test_a_plan_epoch_with_every_5th_shard_read_failing_equals_the_clean_run(remote, processor, flaky_reads):
+    from energon_pack import PackingConfig
     from energon_pack.plan.build import build_plan
-    from tests.row_digests import digest
 
-    remote, local, proxy = flaky_remote
+    url, local = remote
     config = PackingConfig(seq_length=2048, num_workers=2, repeat=False, storage_retry_delay=0.01)
     plan = build_plan(local, config, processor, num_workers=0, progress=False)
-    with get_packing_loader(local, config, processor, plan=plan) as clean:
-        expected = [digest(row) for row in clean]
-    dropped = proxy.dropped
-    with get_packing_loader(remote, config, processor, plan=plan) as loader:
-        assert [digest(row) for row in loader] == expected
-        retries = loader.stats()["storage_retries"]
-    assert proxy.dropped > dropped and retries == proxy.dropped - dropped
+    clean = _epoch(local, config, processor, plan=plan)
+    before = flaky_reads.value
+    rows, retries = _epoch(url, config, processor, plan=plan)
+    assert rows == clean[0] and flaky_reads.value > before and retries == flaky_reads.value - before

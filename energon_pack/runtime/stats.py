@@ -104,12 +104,18 @@ class PackingStats(Savable):
         return asdict(self)
 
     def save_state(self) -> dict[str, Any]:
-        return self.snapshot()
+        """The snapshot, less ``storage_retries`` while it is 0: a state of a run without retries is
+        byte-identical to one saved before the counter existed (golden state digests)."""
+        state = self.snapshot()
+        if not state["storage_retries"]:
+            del state["storage_retries"]
+        return state
 
     def restore_state(self, state: Mapping[str, Any] | None) -> None:
-        fresh = PackingStats(worker_id=self.worker_id)
-        # A copy: counting on must not change the state object (it may be restored again).
-        for name, value in (asdict(fresh) if state is None else copy.deepcopy(dict(state))).items():
+        fresh = asdict(PackingStats(worker_id=self.worker_id))
+        # A copy (counting on must not change the state object: it may be restored again); a
+        # counter the state lacks (saved before it existed, or 0) starts at its default.
+        for name, value in (fresh if state is None else {**fresh, **copy.deepcopy(dict(state))}).items():
             setattr(self, name, value)
 
 

@@ -312,6 +312,8 @@ def measure_dataset(
     elif encoder.chat.chat_template_kwargs:
         # prepare measured text tokens with each record's own template options only
         why = "the row layout sets chat_template_kwargs, which the facts' text tokens do not include"
+    elif encoder.config.loader.exclude:
+        why = "the config has an exclude list; facts do not name samples"
     else:
         found = fresh_facts(path, processor_fingerprint(encoder.processor))
         if not isinstance(found, str):
@@ -551,7 +553,8 @@ def run_plan(args: Any) -> int:
         raise UsageError(f"--facts-dir {str(args.facts_dir)!r} is a file; fix: pass a folder (it is created when missing)")
     config = config_from_cli(args.config)
     start = time.perf_counter()
-    if not args.measure and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    # Facts hold no sample keys: an exclude list needs the samples read.
+    if not args.measure and not config.loader.exclude and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         found = card_facts(args.dataset, args.processor, config)
         if found is not None:
             measurement = measure_from_facts(args.dataset, found.accounting, found.facts, found.tokens, split=args.split)

@@ -6,14 +6,16 @@ The returned ``PackingDataLoader`` is Energon's ``SavableDataLoader`` plus two t
 damaged one (naming what is wrong, ``energon_pack.runtime.state_check``); ``stats()`` aggregates the
 per-worker packing statistics carried by the rows. ``LoaderOptions.timeout`` turns a worker that
 delivers no row for that long into an error instead of a hang.
-``len(loader)`` raises ``TypeError``: the rows of an epoch are not known before packing.
+A worker process that dies (a native decoder's crash, the OOM killer) ends iteration with a
+``WorkerDiedError`` naming the sample it was decoding and the ``exclude`` entry that skips it
+(``energon_pack.runtime.inflight``). ``len(loader)`` raises ``TypeError``: the rows of an epoch are not known before packing.
 """
 
 from __future__ import annotations
 
 import itertools
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,6 +35,7 @@ from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
 from energon_pack.runtime.state_check import check_loader_state
+from energon_pack.runtime.inflight import naming_dead_workers
 from energon_pack.runtime.workers import frozen_gc
 from energon_pack.runtime.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
 from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder, WeightedBlendWithoutRepeatError
@@ -97,6 +100,10 @@ class PackingDataLoader(SavableDataLoader):
             raise
 
     def _rows(self) -> Iterator[dict]:
+        with naming_dead_workers(self._stats_dir.name):
+            yield from self._batches()
+
+    def _batches(self) -> Iterator[dict]:
         batches = super().__iter__()
         # Workers fork on the first request. Objects alive now go to the permanent generation
         # first, so a worker's garbage collector (and Energon's gc_init_worker scan) never writes
@@ -159,8 +166,10 @@ class PackingDataLoader(SavableDataLoader):
         return report
 
     def save_state_rank(self) -> PackingLoaderState:
+        with naming_dead_workers(self._stats_dir.name):  # a worker that died is found here too
+            energon_state = super().save_state_rank()
         return PackingLoaderState(
-            energon_state=super().save_state_rank(),
+            energon_state=energon_state,
             fingerprint=dict(self.fingerprint),
             worker_stats={worker: dict(snapshot) for worker, snapshot in self._worker_stats.items()},
             row_stats=None if self._row_stats is None else self._row_stats.snapshot(),
@@ -221,6 +230,7 @@ def get_packing_loader(
     rope_spec: RopeSpec | None = None,
     plan: Any = None,
     sample_mapping: SampleMapping | str | None = None,
+    exclude: Sequence[str] = (),
     **loader_kwargs: Any,
 ) -> PackingDataLoader | PlanDataLoader:
     """Build the packing loader of one data-parallel rank.
@@ -238,18 +248,28 @@ def get_packing_loader(
     ``sample_mapping`` (a callable ``sample -> record`` or ``"module:function"``; default
     ``config.loader.sample_mapping``): how samples of foreign datasets (Energon sample types, crude
     datasets) become our record form, replacing the types' defaults (docs/foreign_datasets.md).
+
+    ``exclude``: more entries for ``config.loader.exclude`` (sample keys or ``"SHARD#KEY"``),
+    skipped as ``excluded``; a saved state resumes with them (docs/state_contract.md).
     """
     check_dataset_path(path, split=split)
     rank, world_size, group = _distributed_rank_info(rank, world_size, data_parallel_group)
+    if isinstance(exclude, str):
+        raise TypeError(f"exclude={exclude!r}: pass a list of entries; fix: exclude=[{exclude!r}]")
+    if exclude:
+        config = PackingConfig(
+            row=config.row, policy=config.policy, loader=config.loader, trainer=config.trainer,
+            exclude=(*config.loader.exclude, *exclude),
+        )
     mapping = resolve_mapping(sample_mapping if sample_mapping is not None else config.loader.sample_mapping)
+    stats_dir = tempfile.TemporaryDirectory(prefix="energon_pack_stats_")
     if plan is not None:
-        task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
+        task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec, stats_dir=stats_dir.name)
         with loader_sample_mapping(mapping):
             return plan_data_loader(
                 path, plan, config, task_encoder, split=split, rank=rank, world_size=world_size,
-                data_parallel_group=group, **loader_kwargs,
+                data_parallel_group=group, stats_dir=stats_dir, **loader_kwargs,
             )
-    stats_dir = tempfile.TemporaryDirectory(prefix="energon_pack_stats_")
     task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec, stats_dir=stats_dir.name)
     worker_config = WorkerConfig(
         rank=rank,

@@ -226,3 +226,33 @@ def test_merge_a_lost_or_a_stray_shard(records, capsys):
     (out / "shards" / "train-000009.tar").write_bytes(data)
     line = one_line_error(capsys, ["merge", str(out)])
     assert "'shards/train-000009.tar' belongs to no part" in line and "delete it" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--mix-scale", "0"], "--mix-scale"),
+        (["--mix-scale", "-0.5"], "--mix-scale"),
+        (["--mix-scale", "nan"], "--mix-scale"),
+        (["--mix-scale", "half"], "--mix-scale"),
+        (["--photos", "-1"], "--photos"),
+        (["--photos", "many"], "--photos"),
+        (["--clips", "-2"], "--clips"),
+        (["--max-frames", "1"], "--max-frames"),
+        (["--max-frames", "6.5"], "--max-frames"),
+        (["--gpu-tokens-per-s", "0"], "--gpu-tokens-per-s"),
+        (["--gpu-tokens-per-s", "inf"], "--gpu-tokens-per-s"),
+        (["--family", "qwen4"], "--family"),
+        (["--media", "real"], "--media"),
+        (["--seq-length", "0"], "--seq-length"),
+    ],
+)
+def test_bench_realistic_option_values(argv, named, capsys):
+    line = one_line_error(capsys, ["bench", "--media", "realistic", *argv])
+    assert named in line and argv[1] in line
+
+
+def test_bench_realistic_runs_the_loader_stage_only(tmp_path, capsys):
+    line = one_line_error(capsys, ["bench", "--media", "realistic", "--stage", "plan", "--out", str(tmp_path)])
+    assert "--stage plan" in line and "--stage loader" in line
+    assert not any(tmp_path.iterdir())  # nothing generated

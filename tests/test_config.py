@@ -503,6 +503,8 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
     # chat_template_kwargs only when set (tests/test_tool_calls.py).
     unfingerprinted = {"topology", "pad_to_multiple_of", "allow_inexact_resume", "prefetch_factor", "buffer_tokens",
                        "fast_jpeg_decode", "max_consecutive_skips", "timeout", "decode_threads", "chat_template_kwargs",
+                       # skipping named samples and retrying storage reads resume across changes (issue 35)
+                       "exclude", "max_storage_retries", "storage_retry_delay",
                        # balanced steps change no online row; a balanced plan records them (packing_fingerprint)
                        "cost_model", "frozen_vision", "balance_steps", "balance_window_steps",
                        # the loader adds the mapping it resolved, by name, when one is set

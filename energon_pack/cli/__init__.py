@@ -131,6 +131,33 @@ def comma_separated_ints(text: str) -> list[int]:
     return values
 
 
+def positive_float(text: str) -> float:
+    """``"0.25"`` -> ``0.25``; zero, a negative, inf, nan or a non-number raises ``argparse.ArgumentTypeError``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number; fix: write e.g. 0.1 or 8000")
+    return value
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """A parser of integers >= ``minimum``. Example: ``int_at_least(2)("64")`` -> 64; ``("1")`` raises
+    ``argparse.ArgumentTypeError``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum}; fix: write e.g. {max(minimum, 1) * 8}")
+        return value
+
+    return parse
+
+
 def comma_separated_ints_or_none(text: str) -> list[int]:
     """:func:`comma_separated_ints`, or ``[]`` for an empty string. Example: ``""`` -> ``[]``."""
     return comma_separated_ints(text) if text else []
@@ -171,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``energon-pack`` argument parser (one sub-command per job); every option has a help line with its default."""
     from energon_pack import __version__
     from energon_pack.config.row_layout import DEFAULT_MAX_IMAGE_PIXELS
+    from energon_pack.qwen.family import FAMILIES
 
     parser = _Parser(prog="energon-pack", description=DESCRIPTION, formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -305,9 +333,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     add_working_folder(bench, "bench")
+    bench.add_argument(
+        "--media", choices=("synthetic", "realistic"), default="synthetic",
+        help="synthetic: the bench mix of --samples; realistic: 12 MP phone photos, 1080p clips of 30 s to 5 min and "
+        "one 4K clip (generated once), ours vs eager per family (loader stage only; options below)",
+    )
     loader = bench.add_argument_group("loader stage (ours vs the eager HF-processor + FFD design) and plan stage (--dataset, --seq-length, --workers)")
     loader.add_argument("--dataset", type=str, default=None, help="prepared dataset, a folder or msc://profile/path (default: the bench mix of --samples)")
-    add_row_width(loader, default=8192)
+    loader.add_argument(
+        "--seq-length", type=int_at_least(1), default=None, help="row width W in tokens (default: 8192; --media realistic: 32768)"
+    )
     loader.add_argument(
         "--buffer-sizes", type=comma_separated_ints, default="16,64,256", help="buffer sizes, comma-separated"
     )
@@ -318,6 +353,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     loader.add_argument("--epochs", type=int, default=3, help="interleaved runs (finite epochs) per setting")
     loader.add_argument("--prefetch-factor", type=int, default=2, help="rows each worker builds ahead")
+    realistic = bench.add_argument_group(
+        "--media realistic (also --seq-length, --workers, --epochs, --prefetch-factor; the first of --buffer-sizes)"
+    )
+    realistic.add_argument(
+        "--family", choices=(*FAMILIES, "all"), default="all", help="model family (all: qwen2.5-vl, qwen3-vl, qwen3.5)"
+    )
+    realistic.add_argument(
+        "--mix-scale", type=positive_float, default=1.0,
+        help="clip lengths times this (0.1: clips of 3-30 s and a 6 s 4K clip), sizes unchanged",
+    )
+    realistic.add_argument("--photos", type=int_at_least(0), default=24, help="12 MP phone photos in the mix")
+    realistic.add_argument(
+        "--clips", type=int_at_least(0), default=6, help="1080p 30 fps clips in the mix, 30 s to 5 min (geometric spacing)"
+    )
+    realistic.add_argument("--max-frames", type=int_at_least(2), default=64, help="the processor's frame cap per video")
+    realistic.add_argument(
+        "--gpu-tokens-per-s", type=positive_float, default=8000.0,
+        help="real tokens/s one training GPU consumes, for the cores-per-GPU line (8000: a 7B model on an H100, "
+        "see docs/performance.md)",
+    )
     bench.set_defaults(func=_cmd_bench)
 
     plan = command("plan", "pack a whole split once (header-only), for a deterministic, elastic loader")

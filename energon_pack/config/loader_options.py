@@ -32,6 +32,17 @@ class LoaderOptions:
     decode_threads: FFmpeg decoder threads (frame and slice threading) each worker decodes a video
         with; the frames are the same with any count. None (the default): `auto_decode_threads`
         (the cores this process may use, shared by the workers of every local rank, 1 to 4).
+    exclude: samples skipped (counted as ``excluded``) by the online loader, the plan loader and
+        ``energon-pack plan``: each entry a sample key (``"000017"``: that key in every shard) or
+        ``"SHARD#KEY"`` (``"shards/data-000001.tar#000017"``, or the shard's file name alone). The
+        error of a worker killed while decoding a sample prints the entry that excludes it. Not
+        part of the resume fingerprint: a state resumes with samples newly excluded
+        (docs/state_contract.md).
+    max_storage_retries / storage_retry_delay: a transient storage error while reading a shard
+        (a reset connection, a timeout, an HTTP 5xx / throttling answer) is retried up to
+        ``max_storage_retries`` times, waiting ``storage_retry_delay * 2**attempt`` seconds
+        (0.5, 1, 2, 4 s by default) before each retry; corrupt data is never retried. After the
+        last retry the error names the object.
     """
 
     num_workers: int = 2
@@ -44,8 +55,13 @@ class LoaderOptions:
     timeout: float = field(default=0, metadata=NOT_FINGERPRINTED)
     sample_mapping: str | None = field(default=None, metadata=NOT_FINGERPRINTED)
     decode_threads: int | None = field(default=None, metadata=NOT_FINGERPRINTED)
+    exclude: tuple[str, ...] = field(default=(), metadata=NOT_FINGERPRINTED)
+    max_storage_retries: int = field(default=4, metadata=NOT_FINGERPRINTED)
+    storage_retry_delay: float = field(default=0.5, metadata=NOT_FINGERPRINTED)
 
     def __post_init__(self) -> None:
+        if isinstance(self.exclude, list):  # as YAML gives it
+            object.__setattr__(self, "exclude", tuple(self.exclude))
         raise_if_problems(type(self).__name__, self.problems())
 
     def fingerprint(self) -> dict[str, Any]:
@@ -64,6 +80,9 @@ class LoaderOptions:
         yield _timeout_problem(self.timeout, self.num_workers)
         yield _sample_mapping_problem(self.sample_mapping)
         yield int_problem("decode_threads", self.decode_threads, minimum=1, optional=True)
+        yield exclude_problem(self.exclude)
+        yield int_problem("max_storage_retries", self.max_storage_retries, minimum=0)
+        yield _delay_problem(self.storage_retry_delay)
 
     def resolved_decode_threads(self) -> int:
         """``decode_threads``, or `auto_decode_threads` of this process's cores, the worker count and
@@ -101,6 +120,33 @@ def _sample_mapping_problem(spec: Any) -> str | None:
     if spec is None or (isinstance(spec, str) and spec.count(":") == 1 and all(spec.split(":"))):
         return None
     return f"sample_mapping={spec!r}: must be 'module:function'; fix: e.g. sample_mapping: my_pkg.maps:to_record"
+
+
+
+def exclude_problem(exclude: Any) -> str | None:
+    """``exclude`` must be a list of non-empty strings, each ``KEY`` or ``SHARD#KEY`` with both parts set.
+
+    Example: ``exclude_problem(("a.tar#",))`` -> an error naming ``'a.tar#'``.
+    """
+    if not isinstance(exclude, tuple) or not all(isinstance(entry, str) for entry in exclude):
+        return (
+            f"exclude={exclude!r}: must be a list of sample keys or 'SHARD#KEY' strings; "
+            "fix: set e.g. exclude: ['shards/data-000001.tar#000017']"
+        )
+    bad = [entry for entry in exclude if not entry or any(not part for part in entry.split("#")) or entry.count("#") > 1]
+    if bad:
+        return (
+            f"exclude entries {bad!r}: each must be KEY or SHARD#KEY with both parts non-empty; "
+            "fix: copy the line the loader's error prints, e.g. 'shards/data-000001.tar#000017'"
+        )
+    return None
+
+
+def _delay_problem(delay: Any) -> str | None:
+    """``storage_retry_delay`` must be a number of seconds >= 0. Example: ``_delay_problem(-1)`` -> an error line."""
+    if isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay >= 0:
+        return None
+    return f"storage_retry_delay={delay!r}: must be a number of seconds >= 0; fix: set e.g. storage_retry_delay: 0.5"
 
 
 def _timeout_problem(timeout: Any, num_workers: Any) -> str | None:

@@ -107,7 +107,11 @@ class PackingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Flat mapping of every field, part after part; ``topology`` is a nested mapping."""
-        return {key: value for name in CONFIG_PARTS for key, value in dataclasses.asdict(getattr(self, name)).items()}
+        return {
+            key: list(value) if isinstance(value, tuple) else value  # YAML lists (``exclude``)
+            for name in CONFIG_PARTS
+            for key, value in dataclasses.asdict(getattr(self, name)).items()
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PackingConfig:

@@ -96,10 +96,12 @@ def encode_video(
     preset: str | None = None,
     container_format: str = "mp4",
     options: dict[str, str] | None = None,
+    input_format: str = "rgb24",
 ) -> bytes:
     """Encode RGB uint8 frames [T, H, W, 3] (H, W even; or an iterable of [H, W, 3] frames, encoded
     as they come) with PyAV as ``container_format`` (an FFmpeg muxer: "mp4", "webm", "matroska",
     "mov", "avi"); ``preset`` is the x264 preset (e.g. "ultrafast"), ``options`` other encoder options.
+    ``input_format="yuv420p"``: frames are PyAV's yuv420p arrays [H * 3 / 2, W] (no colour conversion).
 
     Example: ``encode_video(np.zeros((20, 64, 96, 3), np.uint8), fps=10)`` -> 2 s MP4 bytes;
     ``codec="libvpx-vp9", container_format="webm"`` -> VP9 WebM bytes.
@@ -113,10 +115,11 @@ def encode_video(
     with av.open(buffer, mode="w", format=container_format) as container:
         extra = {"options": encoder_options} if encoder_options else {}
         stream = container.add_stream(codec, rate=Fraction(fps), **extra)
-        stream.height, stream.width = first.shape[0], first.shape[1]
+        rows = first.shape[0] * 2 // 3 if input_format == "yuv420p" else first.shape[0]
+        stream.height, stream.width = rows, first.shape[1]
         stream.pix_fmt = "yuv420p"
         for frame in itertools.chain([first], frames):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format=input_format)):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)

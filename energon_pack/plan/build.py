@@ -313,6 +313,8 @@ def measure_dataset(
     elif encoder.chat.chat_template_kwargs:
         # prepare measured text tokens with each record's own template options only
         why = "the row layout sets chat_template_kwargs, which the facts' text tokens do not include"
+    elif encoder.config.loader.exclude:
+        why = "the config has an exclude list; facts do not name samples"
     else:
         found = fresh_facts(path, processor_fingerprint(encoder.processor))
         if not isinstance(found, str):
@@ -561,7 +563,8 @@ def run_plan(args: Any) -> int:
 def _run_plan(args: Any, config: PackingConfig) -> int:
     """:func:`run_plan` under its sample mapping."""
     start = time.perf_counter()
-    if not args.measure and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    # Facts hold no sample keys: an exclude list needs the samples read.
+    if not args.measure and not config.loader.exclude and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         found = card_facts(args.dataset, args.processor, config)
         if found is not None:
             measurement = measure_from_facts(args.dataset, found.accounting, found.facts, found.tokens, split=args.split)

@@ -9,8 +9,10 @@ trainer in position order.
 
 Rows: members are fetched by Energon restore key (random access through the dataset's index,
 no scan), preencoded and turned into a THD row by the task encoder's ``encode_row``: the same
-postencode and row builder as online packing. A row whose members all fail to decode arrives
-as an empty marker and is dropped (counted) in the main process, so positions stay aligned.
+postencode and row builder as online packing. A member that fails to decode (or is excluded) is a
+counted skip under the same reason as online, and the row keeps its planned width (the member's
+slots become padding, with no loss); a row whose members all fail arrives as an empty marker and
+is dropped (counted) in the main process, so positions stay aligned.
 
 State: ``PlanLoaderState.cursor``: every position below it is consumed by some rank. With
 ranks in lock step (the same number of rows each), every rank saves the same cursor, so a
@@ -31,7 +33,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Iterator, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -50,9 +53,11 @@ from energon_pack.packing.balance import BalancedStream, check_balanced_resume, 
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
 from energon_pack.plan.build import dataset_fingerprint, open_split
 from energon_pack.plan.file import MappedPlan, PackPlan, open_plan
+from energon_pack.packing.planner import is_count
+from energon_pack.runtime.state_check import raise_if_state_problems
 from energon_pack.runtime.stats import PackingStats, aggregate_stats
 
-__all__ = ["PlanDataLoader", "PlanLoaderState", "check_plan_matches", "plan_data_loader"]
+__all__ = ["PlanDataLoader", "PlanLoaderState", "check_plan_matches", "plan_data_loader", "plan_state_problems"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -74,6 +79,35 @@ class PlanLoaderState:
     world_size: int
     #: Rows per step (dp x micro_batches_per_step) of a balanced loader; None with plain dealing.
     step_rows: int | None = None
+
+
+def plan_state_problems(state: PlanLoaderState, *, num_rows: int, repeat: bool) -> list[str]:
+    """What is wrong with a plan-loader state for a plan of ``num_rows`` rows read with ``repeat``
+    ([] when consistent): field types, an epoch and cursor the stream can hold, sound statistics.
+
+    Example: ``cursor=-3`` -> ``["cursor=-3 is not a non-negative integer"]``; ``repeat=False``,
+    ``epoch=1``, ``cursor=5`` of a 10-row plan -> ``["cursor=5 is outside epoch 1's positions [10, 20]"]``.
+    """
+    problems = [] if isinstance(state.fingerprint, Mapping) else [f"fingerprint is a {type(state.fingerprint).__name__}, not a mapping"]
+    problems += [
+        f"{name}={getattr(state, name)!r} is not a non-negative integer"
+        for name in ("cursor", "epoch", "rank", "world_size") if not is_count(getattr(state, name))
+    ]
+    if is_count(state.rank) and is_count(state.world_size) and state.rank >= state.world_size:
+        problems.append(f"rank={state.rank} is not below world_size={state.world_size}")
+    if state.step_rows is not None and not (is_count(state.step_rows) and state.step_rows > 0):
+        problems.append(f"step_rows={state.step_rows!r} is neither None nor a positive integer")
+    if not isinstance(state.stats, Mapping) or not isinstance(state.stats.get("skipped"), Mapping):
+        problems.append("stats is not a saved statistics mapping (PackingStats.snapshot())")
+    if is_count(state.cursor) and is_count(state.epoch):
+        if repeat and state.epoch != 0:
+            problems.append(f"epoch={state.epoch}: a repeating loader's state has epoch 0 (its cursor counts every row)")
+        elif not repeat and not state.epoch * num_rows <= state.cursor <= (state.epoch + 1) * num_rows:
+            problems.append(
+                f"cursor={state.cursor} is outside epoch {state.epoch}'s positions "
+                f"[{state.epoch * num_rows}, {(state.epoch + 1) * num_rows}] of this {num_rows}-row plan"
+            )
+    return problems
 
 
 def check_plan_matches(
@@ -142,7 +176,7 @@ class PlanRowSource:
         """The THD row (or empty marker) at ``position``, tagged with ``__plan__`` and a restore key."""
         epoch, plan_row = self.plan_row(position)
         prepared = [self.encoder.preencode_sample(self.fetch(index)) for index in self.plan.global_indices(plan_row)]
-        row = self.encoder.encode_row(prepared)
+        row = self.encoder.encode_row(prepared, planned_tokens=self.plan.row_tokens(plan_row))
         row["__plan__"] = {"position": position, "epoch": epoch, "row": plan_row}
         row["__restore_key__"] = ("PackPlan", position)
         return row
@@ -191,8 +225,11 @@ class PlanDataLoader:
         fingerprint: dict[str, Any],
         allow_inexact_resume: bool,
         data_parallel_group: Any = None,
+        stats_dir: tempfile.TemporaryDirectory | None = None,
     ) -> None:
         self.source = source
+        #: Where workers record the sample they decode (``runtime.inflight``); removed with the loader.
+        self._stats_dir = stats_dir
         self.rank = rank
         self.world_size = world_size
         self.num_workers = num_workers
@@ -272,7 +309,7 @@ class PlanDataLoader:
             self._rows = rows = iter(loader)
         self._iterating = True
         try:
-            for row in rows:
+            for row in self._named_deaths(rows):
                 self._consumed += 1
                 self._stats.add_row_counts(row["__stats__"])
                 if row.get("__empty__"):
@@ -284,6 +321,14 @@ class PlanDataLoader:
         if end is not None:  # a finished epoch: the next iteration reads the next one
             self._epoch += 1
             self._start, self._consumed = self._epoch * self.plan.num_rows, 0
+
+    def _named_deaths(self, rows: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """``rows``, with torch's error about a dead worker replaced by a ``WorkerDiedError`` naming
+        the sample it was decoding (``runtime.inflight``)."""
+        from energon_pack.runtime.inflight import naming_dead_workers
+
+        with naming_dead_workers(None if self._stats_dir is None else self._stats_dir.name):
+            yield from rows
 
     def close(self) -> None:
         """Stop the workers of the iteration in progress (a failed or abandoned epoch does too);
@@ -362,7 +407,11 @@ class PlanDataLoader:
                 f"restore_state_rank got {type(state).__name__}; pass the object returned by "
                 "PlanDataLoader.save_state_rank() (a state of the online loader cannot seed a plan loader)"
             )
-        check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        if isinstance(state.fingerprint, Mapping):  # else plan_state_problems names it
+            check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        raise_if_state_problems(
+            plan_state_problems(state, num_rows=self.plan.num_rows, repeat=self.repeat), saved_by="PlanDataLoader"
+        )
         if self.balance is not None and not self.allow_inexact_resume:
             check_balanced_resume(
                 cursor=state.cursor, base=self.balance.base(state.cursor),
@@ -409,6 +458,7 @@ def plan_data_loader(
     rank: int,
     world_size: int,
     data_parallel_group: Any = None,
+    stats_dir: tempfile.TemporaryDirectory | None = None,
     **loader_kwargs: Any,
 ) -> PlanDataLoader:
     """The plan loader of one rank (``get_packing_loader(..., plan=...)`` calls this).
@@ -448,6 +498,7 @@ def plan_data_loader(
         fingerprint=fingerprint,
         allow_inexact_resume=config.allow_inexact_resume,
         data_parallel_group=data_parallel_group,
+        stats_dir=stats_dir,
     )
 
 

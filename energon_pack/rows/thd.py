@@ -150,12 +150,15 @@ def build_thd_row(
     }
 
 
-def build_layout_row(segments: Sequence[PackedSegment], layout: RowLayout, *, pad_token_id: int) -> dict[str, Any]:
-    """:func:`build_thd_row` with the width (:func:`row_width`), alignment, cu_seqlens padding and loss
+def build_layout_row(
+    segments: Sequence[PackedSegment], layout: RowLayout, *, pad_token_id: int, min_width: int = 0
+) -> dict[str, Any]:
+    """:func:`build_thd_row` with the width (:func:`row_width`, at least ``min_width``: a plan row
+    keeps its planned width when a member fails), alignment, cu_seqlens padding and loss
     reduction of ``layout``."""
     return build_thd_row(
         segments,
-        seq_length=row_width([segment.length for segment in segments], layout),
+        seq_length=max(min_width, row_width([segment.length for segment in segments], layout)),
         pad_multiple=layout.pad_multiple,
         pad_token_id=pad_token_id,
         pad_cu_seqlens=layout.pad_cu_seqlens,

@@ -51,6 +51,7 @@ from energon_pack.packing.budget import round_size, row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner, is_count, plan_state_problems, planned_indices
 from energon_pack.runtime.skip_log import warn_skip
 from energon_pack.core import stage_times
+from energon_pack.core.storage_retries import take_storage_retries
 from energon_pack.core.stage_times import timed
 from energon_pack.runtime.stats import STATS_PUBLISH_INTERVAL_S, PackingStats, publish_snapshot, worker_telemetry
 from energon_pack.rows.thd import row_width
@@ -265,8 +266,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             self._admit(sample)
 
     def _admit(self, sample: PreparedSample) -> None:
-        """Count ``sample``; buffer it unless it is a bad-sample marker or fits no row."""
+        """Count ``sample`` (and the storage retries its read took); buffer it unless it is a
+        bad-sample marker or fits no row."""
         self._stats.samples_in += 1
+        self._stats.storage_retries += take_storage_retries()
         if sample.skip_reason is not None:
             self._skip(sample, sample.skip_reason, sample.skip_detail)
             return
@@ -370,6 +373,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         return self.postencode(sample) if slot is None else self.postencode(sample, slot)
 
     def _postencode_or_skip(self, sample: PreparedSample, slot: Any = None) -> EncodedSample | None:
+        if sample.skip_reason is not None:
+            # A buffered sample restored from a state as a skip marker (newly excluded).
+            self._skip(sample, sample.skip_reason, sample.skip_detail)
+            return None
         try:
             with self._encode_index.ctx() as encode_index:
                 encoded = self._postencode(sample, slot)

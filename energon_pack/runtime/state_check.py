@@ -112,10 +112,16 @@ def check_loader_state(
     problems += energon_state_problems(
         energon_state, num_workers=num_workers, micro_batch_size=micro_batch_size, packing_stage=packing_stage
     )
+    raise_if_state_problems(problems, saved_by="PackingDataLoader")
+
+
+def raise_if_state_problems(problems: list[str], *, saved_by: str) -> None:
+    """Raise ``InvalidLoaderStateError`` listing ``problems`` (nothing when empty); ``saved_by``: the
+    loader class whose ``save_state_rank()`` makes valid states (named in the fix)."""
     if problems:
         raise InvalidLoaderStateError(
             "cannot restore this loader state, it is damaged or not from this kind of loader:\n  - "
             + "\n  - ".join(problems)
-            + "\nfix: restore the unmodified object that PackingDataLoader.save_state_rank() returned (pickled "
+            + f"\nfix: restore the unmodified object that {saved_by}.save_state_rank() returned (pickled "
             "as a whole), or an earlier checkpoint; to start afresh on purpose, do not call restore_state_rank"
         )

@@ -7,6 +7,7 @@ The loader keeps the latest snapshot per worker; ``aggregate_stats`` sums them.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -49,6 +50,8 @@ class PackingStats(Savable):
     #: Per row-cost key (``PackedRow.row_cost``): its sum and its largest value over the rows.
     row_cost_sum: dict[str, int] = field(default_factory=dict)
     row_cost_max: dict[str, int] = field(default_factory=dict)
+    #: Sample reads retried after a transient storage error (``core.storage_retries``).
+    storage_retries: int = 0
 
     def count_skip(self, reason: str) -> None:
         """Count one skipped sample under ``reason`` (a short snake_case key)."""
@@ -87,6 +90,7 @@ class PackingStats(Savable):
     def add_row_counts(self, counts: Mapping[str, Any]) -> None:
         """Add what one batch of samples contributed (:func:`row_counts`): reads, skips and its row."""
         self.samples_in += counts["samples_in"]
+        self.storage_retries += counts.get("storage_retries", 0)
         for reason, count in counts["skipped"].items():
             self.skipped[reason] = self.skipped.get(reason, 0) + count
         for before, after in counts["shrunk"]:
@@ -100,11 +104,18 @@ class PackingStats(Savable):
         return asdict(self)
 
     def save_state(self) -> dict[str, Any]:
-        return self.snapshot()
+        """The snapshot, less ``storage_retries`` while it is 0: a state of a run without retries is
+        byte-identical to one saved before the counter existed (golden state digests)."""
+        state = self.snapshot()
+        if not state["storage_retries"]:
+            del state["storage_retries"]
+        return state
 
     def restore_state(self, state: Mapping[str, Any] | None) -> None:
-        fresh = PackingStats(worker_id=self.worker_id)
-        for name, value in (asdict(fresh) if state is None else state).items():
+        fresh = asdict(PackingStats(worker_id=self.worker_id))
+        # A copy (counting on must not change the state object: it may be restored again); a
+        # counter the state lacks (saved before it existed, or 0) starts at its default.
+        for name, value in (fresh if state is None else {**fresh, **copy.deepcopy(dict(state))}).items():
             setattr(self, name, value)
 
 
@@ -115,16 +126,17 @@ def row_counts(
     width: int = 0,
     cost: Mapping[str, int] | None = None,
     shrunk: Iterable[tuple[int, int]] = (),
+    storage_retries: int = 0,
 ) -> dict[str, Any]:
     """Counters one batch of samples contributes: reads, skips by reason, shrunk samples
-    ``(tokens before, after)`` and its row (``width`` slots, ``cost`` = ``PackedRow.row_cost``;
-    no row when ``cost`` is None).
+    ``(tokens before, after)``, sample reads retried after a transient storage error and its row
+    (``width`` slots, ``cost`` = ``PackedRow.row_cost``; no row when ``cost`` is None).
 
     Rows built from a fixed set of samples (in-batch rows, plan rows) carry these instead of a
     worker snapshot; the loader sums them in the main process, exactly at the consumer's position.
     Example: 4 samples, 1 corrupt image, a row of 1024 slots costing ``{"real_tokens": 900,
     "segments": 3, ...}`` -> ``{"kind": "row_counts", "samples_in": 4, "skipped": {"corrupt_image": 1},
-    "width": 1024, "cost": {...}, "shrunk": []}``.
+    "width": 1024, "cost": {...}, "shrunk": [], "storage_retries": 0}``.
     """
     return {
         "kind": ROW_COUNTS,
@@ -133,6 +145,7 @@ def row_counts(
         "width": width,
         "cost": None if cost is None else dict(cost),
         "shrunk": [list(pair) for pair in shrunk],
+        "storage_retries": storage_retries,
     }
 
 
@@ -152,7 +165,7 @@ def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {"workers": 0, "skipped": Counter(), "fill_histogram": [0] * FILL_BINS}
     summed = (
         "samples_in", "samples_packed", "rows", "real_tokens", "row_slots", "rounds", "flush_rows", "flush_real_tokens",
-        "shrunk", "shrunk_tokens_before", "shrunk_tokens_after",
+        "shrunk", "shrunk_tokens_before", "shrunk_tokens_after", "storage_retries",
     )
     for name in summed:
         total[name] = 0

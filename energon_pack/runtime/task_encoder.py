@@ -35,10 +35,13 @@ from energon_pack.qwen.pixels import PixelSlots, allocate_row_pixels, in_loader_
 from energon_pack.qwen.processor import load_processor
 from energon_pack.qwen.rope import RopeSpec
 from energon_pack.core.samples import QwenVLChatSample
+from energon_pack.core.storage_retries import install_storage_retries, take_storage_retries
+from energon_pack.runtime.exclude import ExcludeList
+from energon_pack.runtime.inflight import InflightRecorder
 from energon_pack.runtime.skip_log import warn_skip
 from energon_pack.core.stage_times import timed
 from energon_pack.runtime.stats import row_counts
-from energon_pack.rows.thd import build_layout_row, collate_rows
+from energon_pack.rows.thd import build_layout_row, collate_rows, row_width
 
 
 # Forked Energon workers must not share the tokenizer's Rust thread pool.
@@ -56,7 +59,9 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
     packing stage. ``processor``: a Qwen-VL processor (``load_processor()`` when None); its pixel
     limits decide token counts. ``rope_spec``: rope constants (from the model config when known;
     otherwise derived from the processor). ``stats_dir``: folder where each worker's packing
-    stage publishes its statistics (``get_packing_loader`` sets one; None publishes nothing).
+    stage publishes its statistics and each worker records the sample it is decoding
+    (``runtime.inflight``; ``get_packing_loader`` sets one; None publishes nothing).
+    Samples on ``config.loader.exclude`` become skip markers (reason ``excluded``) in preencode.
     """
 
     decoder = None  # raw bytes reach preencode: media stay compressed until postencode
@@ -85,6 +90,10 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.
         self.budget = row_budget(config.row, config.policy)
         self.stats_dir = stats_dir
+        install_storage_retries(config.loader.max_storage_retries, config.loader.storage_retry_delay)
+        #: Where each worker records the sample it is decoding (named when the worker dies).
+        self.inflight = InflightRecorder(stats_dir)
+        self.exclude = ExcludeList(config.loader.exclude)
         #: Modelled FLOPs of rows (``row_cost["flops"]``) when ``config.policy.cost_model`` is set.
         self.cost_model = (
             None if config.policy.cost_model is None
@@ -110,15 +119,19 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
 
     @stateless
     def preencode_sample(self, sample: QwenVLChatSample) -> PreparedSample:
-        """Tokenize and measure ``sample`` from media headers; a bad sample becomes a skip marker."""
+        """Tokenize and measure ``sample`` from media headers; a bad or excluded sample becomes a skip marker."""
         try:
+            excluded = self.exclude.of_sample(sample)
+            if excluded is not None:
+                raise BadSampleError("excluded", f"{excluded!r} is on the exclude list")
             if sample.invalid_reason is not None:
                 raise BadSampleError(sample.invalid_reason, sample.invalid_detail)
             shrink = self.config.policy.on_overlong == "shrink"
-            prepared = self.chat.prepare(
-                sample.conversation, sample.images, sample.videos, tools=sample.tools,
-                chat_template_kwargs=sample.chat_template_kwargs, fits=self._fits_row if shrink else None,
-            )
+            with self.inflight.decoding(sample, "preencode"):
+                prepared = self.chat.prepare(
+                    sample.conversation, sample.images, sample.videos, tools=sample.tools,
+                    chat_template_kwargs=sample.chat_template_kwargs, fits=self._fits_row if shrink else None,
+                )
         except BadSampleError as err:
             return PreparedSample.skipped(sample, err)
         return PreparedSample.derive_from(sample, images=sample.images, videos=sample.videos, **vars(prepared))
@@ -134,7 +147,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         """Decode and patchify the media of ``sample`` (into ``slots`` of its row's payload when
         given, see :meth:`allocate_row_pixels`); raises ``BadSampleError`` on bad media."""
         prepared = PreparedChat(**{f.name: getattr(sample, f.name) for f in fields(PreparedChat)})
-        encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots)
+        with self.inflight.decoding(sample, "postencode"):
+            encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots)
         segment = sample.segment(encoded.mrope_position_ids, encoded.visual)
         return EncodedSample.derive_from(sample, segment=segment)
 
@@ -163,8 +177,10 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         return collate_rows([self._thd_row(row) for row in rows])
 
     @stateless
-    def encode_row(self, samples: Sequence[PreparedSample]) -> dict:
+    def encode_row(self, samples: Sequence[PreparedSample], *, planned_tokens: Sequence[int] = ()) -> dict:
         """One THD row from a fixed set of prepared samples (an in-batch micro-batch, a plan row).
+        ``planned_tokens``: the planned members' token counts (a plan row); the row is at least as
+        wide as they make it (``row_width``), so a member that fails leaves padding, not a narrower row.
 
         Same path as online rows: ``postencode_sample`` each, ``pack_selected_samples``, ``batch``.
         Bad samples (skip markers, samples that alone exceed the row budget, media that fail to
@@ -188,16 +204,21 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             except BadSampleError as err:
                 skipped[err.reason] += 1
                 warn_skip(sample.__key__, err)
+        retries = take_storage_retries()  # of reading these samples
         if not encoded:
-            return {"__empty__": True, "__stats__": row_counts(samples_in=len(samples), skipped=skipped)}
+            return {
+                "__empty__": True,
+                "__stats__": row_counts(samples_in=len(samples), skipped=skipped, storage_retries=retries),
+            }
         packed = self.pack_selected_samples(encoded)
-        row = self.batch([packed])
+        row = collate_rows([self._thd_row(packed, min_width=row_width(planned_tokens, self.config.row) if planned_tokens else 0)])
         row["__stats__"] = row_counts(
             samples_in=len(samples),
             skipped=skipped,
             width=row["total_tokens"],
             cost=self.row_cost(packed, width=row["total_tokens"]),
             shrunk=[(s.tokens_before_shrink, s.num_tokens) for s in samples if s.tokens_before_shrink is not None],
+            storage_retries=retries,
         )
         row["__restore_key__"] = ()
         return row
@@ -221,9 +242,9 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             cost["flops"] = self.cost_model.row([s.length for s in row.segments], grids, width=width)
         return cost
 
-    def _thd_row(self, row: PackedRow) -> dict:
+    def _thd_row(self, row: PackedRow, *, min_width: int = 0) -> dict:
         with timed("row assembly"):
-            out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id)
+            out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id, min_width=min_width)
         out["__stats__"] = row.stats
         out["row_cost"] = self.row_cost(row, width=out["total_tokens"])
         out["__restore_key__"] = row.__restore_key__

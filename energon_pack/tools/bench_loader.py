@@ -46,6 +46,7 @@ __all__ = [
     "bench_loader",
     "loader_bench_tables",
     "loader_options",
+    "measure_settings",
 ]
 
 #: Visual fields of the processor output that the baseline buffers and packs.
@@ -86,11 +87,15 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
         self.seq_length = seq_length
         self._buffer_bytes = 0
         self._buffer_samples = 0
+        #: This process's CPU clock at its first sample (None before): the worker's CPU seconds.
+        self._cpu_start: float | None = None
 
     @stateless
     def encode_sample(self, sample: QwenVLChatSample) -> ProcessedSample:
         from energon_pack.core.stage_times import timed
 
+        if self._cpu_start is None:
+            self._cpu_start = time.process_time()
         with timed("HF processor"):
             outputs = hf_processor_outputs(self.processor, sample.conversation, sample.images, sample.videos)
         visual = {name: outputs.get(name) for name in PROCESSED_FIELDS}
@@ -116,6 +121,8 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
             "buffered_samples": self._buffer_samples,
             "worker_id": 0 if worker is None else worker.id,
             "stage_seconds": stage_seconds(),
+            # CPU only: the worker's wall clock also runs while it waits for the consumer.
+            "worker_seconds": {"cpu": time.process_time() - (self._cpu_start or time.process_time())},
         }
         return row
 
@@ -325,8 +332,11 @@ def _loader_factory(setting: LoaderSetting, dataset: Path, processor: Any, optio
         pixel_dtype=setting.pixel_dtype,
         prefetch_factor=options.prefetch_factor,
     )
+    # No watchdog on either side: a row of long or 4K clips on a busy machine can take longer than its
+    # 60 s, and its stack dumps (on stdout) would bury the tables.
+    no_watchdog = {"watchdog_timeout_seconds": None}
     if setting.side == "ours":
-        return lambda: get_packing_loader(dataset, config, processor)
+        return lambda: get_packing_loader(dataset, config, processor, **no_watchdog)
 
     def eager() -> Any:
         eager_dataset = get_train_dataset(
@@ -339,7 +349,9 @@ def _loader_factory(setting: LoaderSetting, dataset: Path, processor: Any, optio
             task_encoder=HFProcessorPackingTaskEncoder(processor, seq_length=options.seq_length),
             repeat=False,
         )
-        return pin_only_with_accelerator(SavableDataLoader(eager_dataset, prefetch_factor=options.prefetch_factor))
+        return pin_only_with_accelerator(
+            SavableDataLoader(eager_dataset, prefetch_factor=options.prefetch_factor, **no_watchdog)
+        )
 
     return eager
 
@@ -348,14 +360,11 @@ def _spread(values: Sequence[float]) -> str:
     return f"{min(values):.3g}-{max(values):.3g}"
 
 
-def loader_bench_tables(options: LoaderBenchOptions, dataset: Path) -> list[tuple[str, list[dict[str, Any]], list[str]]]:
-    """Run every setting ``options.epochs`` times, interleaved; returns (title, rows, columns) tables:
-    the side-by-side figures, the split of worker time by stage and ours' efficiency against the floor.
-    With ``workers=0`` the runs use one torch thread (as a loader worker and the floor do)."""
-    from energon_pack.qwen.processor import load_processor
-
-    processor = load_processor()
-    settings = settings_of(options)
+def measure_settings(
+    settings: Sequence[LoaderSetting], options: LoaderBenchOptions, dataset: Path, processor: Any
+) -> tuple[dict[LoaderSetting, list[RunFigures]], list[tuple[Any, Any]]]:
+    """Run every setting ``options.epochs`` times, interleaved; (runs per setting, floor passes as
+    (media, seconds)). With ``workers=0`` the runs use one torch thread (as a loader worker and the floor do)."""
     runs: dict[LoaderSetting, list[RunFigures]] = {setting: [] for setting in settings}
     passes: list[tuple[Any, Any]] = []
     threads = torch.get_num_threads()
@@ -367,6 +376,19 @@ def loader_bench_tables(options: LoaderBenchOptions, dataset: Path) -> list[tupl
         _run_interleaved(options, dataset, processor, runs, passes)
     finally:
         torch.set_num_threads(threads)
+    return runs, passes
+
+
+def loader_bench_tables(
+    options: LoaderBenchOptions, dataset: Path, processor: Any = None
+) -> list[tuple[str, list[dict[str, Any]], list[str]]]:
+    """Run every setting ``options.epochs`` times, interleaved (`measure_settings`) with ``processor``
+    (None: ``load_processor()``); returns (title, rows, columns) tables: the side-by-side figures, the
+    split of worker time by stage and ours' efficiency against the floor."""
+    from energon_pack.qwen.processor import load_processor
+
+    settings = settings_of(options)
+    runs, passes = measure_settings(settings, options, dataset, processor if processor is not None else load_processor())
     media = passes[0][0] if passes else None
 
     def rate(setting: LoaderSetting) -> float:

@@ -49,12 +49,14 @@ def bench_postencode(num_samples: int, work_dir: Path) -> BenchRows:
 
     Per sample, interleaved: our preencode (timed apart), our postencode with a float32 and with
     a uint8 payload, and the Hugging Face processor call of docs/batch_contract.md. Rows give
-    samples/s overall and per media class, pixel payload bytes, and the largest pixel difference.
+    samples/s overall and per media class, pixel payload bytes, the largest pixel difference, and
+    what recording the sample being decoded (``runtime.inflight``) costs per sample.
     """
     from tqdm import tqdm
 
     from energon_pack.config import PackingConfig
     from energon_pack.qwen.processor import load_processor
+    from energon_pack.runtime.inflight import InflightRecorder
     from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 
     samples = bench_samples(work_dir, num_samples)
@@ -79,6 +81,9 @@ def bench_postencode(num_samples: int, work_dir: Path) -> BenchRows:
     classes: list[str] = []
     worst_difference = 0.0
     skipped = 0
+    # What a loader worker adds per sample to name the sample it dies on (runtime.inflight):
+    # one record before preencode and one before postencode, each cleared after.
+    recorder, recording = InflightRecorder(str(work_dir)), []
     for position, sample in enumerate(tqdm(samples, desc="postencode vs HF", unit="sample")):
         start = time.perf_counter()
         prepared = preencode(sample)
@@ -87,6 +92,11 @@ def bench_postencode(num_samples: int, work_dir: Path) -> BenchRows:
             skipped += 1
             continue
         timings["preencode"].append(elapsed)
+        start = time.perf_counter()
+        for stage in ("preencode", "postencode"):
+            with recorder.decoding(sample, stage):
+                pass
+        recording.append(time.perf_counter() - start)
         outputs: dict[str, Any] = {}
         # Alternate the order so that no side always runs first (allocator and cache warm-up).
         for name in steps if position % 2 == 0 else reversed(steps):
@@ -130,6 +140,12 @@ def bench_postencode(num_samples: int, work_dir: Path) -> BenchRows:
                 "ratio": sizes[name].sum() / sizes["HF"].sum(),
             }
         )
+    in_flight = np.asarray(recording)
+    rows.append({
+        "what": "us per sample, in-flight records (ratio: share of pre+postencode uint8)",
+        "ours": in_flight.mean() * 1e6, "HF": "",
+        "ratio": in_flight.sum() / (seconds["preencode"].sum() + seconds["uint8"].sum()),
+    })
     rows.append({"what": "max |float32 pixels - HF pixels|", "ours": worst_difference, "HF": "", "ratio": ""})
     rows.append({"what": "samples measured / skipped", "ours": f"{len(classes)} / {skipped}", "HF": "", "ratio": ""})
     return rows

@@ -30,6 +30,15 @@ def _client(endpoint: str):
     )
 
 
+def _forget_msc_clients() -> None:
+    """Drop MSC's per-process clients: another module's server may have served profile ``s3local``
+    at another port (MSC caches a client per profile name for the process's life)."""
+    from multistorageclient import shortcuts
+
+    shortcuts._STORAGE_CLIENT_CACHE.clear()
+    shortcuts._PATH_MAPPING_CACHE.clear()
+
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """A boto3 client of a moto S3 server holding bucket ``data``, with ``MSC_CONFIG`` naming it
@@ -49,9 +58,11 @@ def s3(tmp_path_factory):
     }}}))
     before = os.environ.get("MSC_CONFIG")
     os.environ["MSC_CONFIG"] = str(config)
+    _forget_msc_clients()
     try:
         yield client
     finally:
+        _forget_msc_clients()
         if before is None:
             os.environ.pop("MSC_CONFIG", None)
         else:

@@ -454,5 +454,5 @@ def leaf_rows(path: Path, row_group: int, leaf: str) -> Iterator[Any]:
     Example: a ``video: binary`` column with rows ``b"v"``, ``None`` -> ``b"v"``, ``None``.
     """
     is_list = leaf_column(path, row_group, leaf).max_rep == 1
-    for items in leaf_items(path, row_group, leaf):
-        yield items if is_list or items is None else items[0]
+    # map, not a loop: no row is held here while the next one is read
+    return map(lambda items: items if is_list or items is None else items[0], leaf_items(path, row_group, leaf))

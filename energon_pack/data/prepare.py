@@ -703,9 +703,8 @@ def build_all(placed: Iterable[PlacedRecord], checks: MediaChecks, recorder: Any
     """``build_placed`` of every record of ``placed``, in order; with ``workers`` >= 2 in that many
     spawned processes (torch and PyAV are not fork-safe), each with its own ``recorder.processor``,
     at most ``workers * CHUNKS_AHEAD`` chunks of ``WORKER_CHUNK`` records ahead of the caller."""
-    if workers == 1:
-        for item in placed:
-            yield build_placed(item, checks, recorder)
+    if workers == 1:  # map: no record is held here while the next one is read
+        yield from map(lambda item: build_placed(item, checks, recorder), placed)
         return
     import multiprocessing
 
@@ -768,6 +767,7 @@ def _write_shards(
             report.generated_ids += item.record.id is None
             report.images += len(item.record.images)
             report.videos += len(item.record.videos)
+            del result  # its media bytes are written: not held while the next record is read
     finally:
         for _, writer in writers.values():
             writer.close()

@@ -412,12 +412,15 @@ class TableInput:
         Parquet group's media leaves streamed (``parquet_pages``); an Arrow batch, or the rest of a
         group from a page the stream does not read (``UnsupportedPage``), read by pyarrow."""
         for path, group, first, rows, batches in self._wanted_groups(lambda path: list(media.values()), wanted):
-            done = _Tally(_streamed_rows(path, group, media) if path.suffix == ".parquet" else iter(()))
+            done = _Tally(iter(()))
             try:
-                try:
-                    yield from zip(count(first), done)
-                except UnsupportedPage:
-                    pass
+                if path.suffix == ".parquet":
+                    done.items = _streamed_rows(path, group, media)
+                    try:
+                        yield from zip(count(first), done)
+                        continue
+                    except UnsupportedPage:
+                        pass  # pyarrow reads the rest
                 done.items = islice((row for batch in batches() for row in _batch_rows(batch, media)), done.count, None)
                 yield from zip(count(first + done.count), done)
             except (CorruptPage, OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError too

@@ -351,7 +351,7 @@ class _Pages:
                 page = header.get(7, {})
                 body = _Stream(DECOMPRESSORS[column.codec](self.raw.pieces(size)))
                 self._check_encoding(page.get(2, PLAIN), (PLAIN, PLAIN_DICTIONARY))
-                self.dictionary = [self._plain(body) for _ in range(page.get(1, 0))]
+                self.dictionary = [_plain(body, column.utf8) for _ in range(page.get(1, 0))]
                 body.drain()
             elif kind == DATA_PAGE:
                 page = header.get(5, {})
@@ -378,8 +378,10 @@ class _Pages:
 
     def _page(self, body: _Stream, encoding: int, repetition: list[int], definition: list[int]) -> Iterator[tuple[int, int]]:
         present = sum(level == self.column.max_def for level in definition)
+        # The value iterators refer to no ``self``: a cycle would keep a page's dictionary until gc runs.
         if encoding == PLAIN:
-            self._values = (self._plain(body) for _ in range(present))
+            utf8 = self.column.utf8
+            self._values = (_plain(body, utf8) for _ in range(present))
         else:
             self._check_encoding(encoding, (PLAIN_DICTIONARY, RLE_DICTIONARY))
             if self.dictionary is None:
@@ -403,10 +405,15 @@ class _Pages:
             raise UnsupportedPage(f"{ENCODING_NAMES.get(encoding, encoding)} encoding in {self.column.where()} "
                                   f"(streamed: {', '.join(ENCODING_NAMES[e] for e in supported)} there)")
 
-    def _plain(self, body: _Stream) -> Any:
-        """One PLAIN ``BYTE_ARRAY`` value: a 4-byte little-endian length, then the bytes (str for a UTF-8 leaf)."""
-        value = body.read(int.from_bytes(body.read(4), "little"))
-        return value.decode("utf-8") if self.column.utf8 else value
+
+
+def _plain(body: _Stream, utf8: bool) -> Any:
+    """One PLAIN ``BYTE_ARRAY`` value: a 4-byte little-endian length, then the bytes (str for a UTF-8 leaf).
+
+    Example: bytes ``02 00 00 00 68 69`` -> ``b"hi"`` (``"hi"`` with ``utf8``).
+    """
+    value = body.read(int.from_bytes(body.read(4), "little"))
+    return value.decode("utf-8") if utf8 else value
 
 
 def leaf_items(path: Path, row_group: int, leaf: str) -> Iterator[list[Any] | None]:

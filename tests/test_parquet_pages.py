@@ -169,14 +169,17 @@ def test_a_corrupt_page_header_is_corrupt_page_and_unreadable_rows(tmp_path):
     assert records[2].media_error.reason == "unreadable_row" and "rows 3..4 do not read" in records[2].media_error.detail
 
 
-@pytest.mark.parametrize("compression", ["none", "snappy", "gzip"])
-def test_a_page_of_large_values_is_read_about_one_value_at_a_time(tmp_path, compression):
-    """30 values of 1 MiB in one page: the reader's peak (tracemalloc) stays within 3 values."""
+@pytest.mark.parametrize("compression, dictionary", [("none", False), ("snappy", False), ("gzip", False), ("snappy", True)])
+def test_a_page_of_large_values_is_read_about_one_value_at_a_time(tmp_path, compression, dictionary):
+    """30 values of 1 MiB in one data page, or all in one dictionary page (pyarrow's default
+    writes a group's media so): the reader's peak (tracemalloc) stays within 3 values."""
     size = 1 << 20
     values = [random.Random(i).randbytes(size) for i in range(30)]
     pq.write_table(pa.table({"video": pa.array(values, pa.binary())}), tmp_path / "t.parquet", compression=compression,
-                   use_dictionary=False, data_page_size=1 << 30)
+                   use_dictionary=dictionary, data_page_size=1 << 30)
     del values
+    chunk = pq.ParquetFile(tmp_path / "t.parquet").metadata.row_group(0).column(0)
+    assert (chunk.dictionary_page_offset is not None) == dictionary and chunk.total_compressed_size > 30 * size
     tracemalloc.start()
     try:
         sizes = list(map(len, leaf_rows(tmp_path / "t.parquet", 0, "video")))  # each value dropped once measured

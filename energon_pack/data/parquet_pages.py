@@ -6,7 +6,9 @@ file metadata from pyarrow (where each column chunk lies, its codec, its levels)
 pages itself: Thrift compact-protocol page headers, RLE / bit-packed definition and repetition
 levels, PLAIN (or dictionary-encoded) ``BYTE_ARRAY`` values, decompressed as a stream of pieces of
 ``CHUNK_BYTES`` (UNCOMPRESSED, SNAPPY, GZIP). Memory holds one value, a piece of input and, for
-snappy, a 64 KiB window of output; a page's levels (one int per value) are kept whole.
+snappy, a 64 KiB window of output; a page's levels (one int per value) are kept whole. A
+dictionary page (pyarrow's default writes a group's media into one) is streamed too: its entries
+are read as the data pages' indices reach them and kept until their last use.
 
 ``leaf_items(path, row_group, leaf)`` gives each row's items of a leaf; ``leaf_rows`` the row
 values ``pyarrow``'s ``to_pylist()`` gives. What it does not read (other codecs, encodings or
@@ -17,7 +19,9 @@ parse raise ``CorruptPage`` naming the file, the column and the row group.
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -54,10 +58,20 @@ class _Stream:
         self._pieces = pieces
         self._buffer = b""
         self._position = 0
+        self._taken = 0  # bytes taken from the pieces
+
+    def _next_piece(self) -> bytes | None:
+        piece = next(self._pieces, None)
+        self._taken += len(piece or b"")
+        return piece
+
+    def tell(self) -> int:
+        """Bytes read so far. Example: after ``read(3)`` of ``[b"ab", b"cd"]`` -> 3."""
+        return self._taken - (len(self._buffer) - self._position)
 
     def _fill(self) -> bool:
         """Append the next non-empty piece to what is left; False at the end."""
-        for piece in self._pieces:
+        while (piece := self._next_piece()) is not None:
             if piece:
                 self._buffer, self._position = self._buffer[self._position:] + piece, 0
                 return True
@@ -79,7 +93,7 @@ class _Stream:
         missing = size - len(parts[0])
         self._buffer, self._position = b"", 0
         while missing > 0:
-            piece = next(self._pieces, None)
+            piece = self._next_piece()
             if piece is None:
                 raise EOFError(f"the data ends {missing} bytes early")
             parts.append(piece[:missing])
@@ -98,7 +112,7 @@ class _Stream:
 
     def drain(self) -> None:
         """Read the rest (a page's padding, a gzip trailer), so the file stands at the next page."""
-        for _ in self._pieces:
+        while self._next_piece() is not None:
             pass
         self._buffer, self._position = b"", 0
 
@@ -329,13 +343,22 @@ def leaf_column(path: Path, row_group: int, leaf: str) -> LeafColumn:
 
 
 class _Pages:
-    """The levels and values of a column chunk's data pages, page by page (``levels`` and ``value``)."""
+    """The levels and values of a column chunk's data pages, page by page (``levels`` and ``value``),
+    from file offset ``start`` to the chunk's end (``opened`` opens the file at an offset).
 
-    def __init__(self, column: LeafColumn, file: BinaryIO) -> None:
+    A dictionary page is not read whole: a first pass over the data pages counts each entry's
+    uses (``counting``: dictionary indices only, PLAIN pages skipped unread), then the entries
+    are streamed as the indices reach them, each kept until its last use (``_Dictionary``).
+    """
+
+    def __init__(self, column: LeafColumn, opened: Callable[[int], BinaryIO], start: int, *, counting: bool = False) -> None:
         self.column = column
-        self.raw = _Stream(_file_pieces(file, column.size))
-        self.dictionary: list[bytes] | None = None
-        self._values: Iterator[bytes] = iter(())
+        self.opened = opened
+        self.start = start
+        self.raw = _Stream(_file_pieces(opened(start), column.start + column.size - start))
+        self.counting = counting
+        self.dictionary: _Dictionary | _Uses | None = _Uses() if counting else None
+        self._values: Iterator[Any] = iter(())
 
     def levels(self) -> Iterator[tuple[int, int]]:
         """``(repetition, definition)`` level of each value of the chunk; before advancing past one
@@ -347,30 +370,41 @@ class _Pages:
             except EOFError:
                 return
             kind, size = header.get(1), header.get(3, 0)
-            if kind == DICTIONARY_PAGE:
-                page = header.get(7, {})
-                body = _Stream(DECOMPRESSORS[column.codec](self.raw.pieces(size)))
-                self._check_encoding(page.get(2, PLAIN), (PLAIN, PLAIN_DICTIONARY))
-                self.dictionary = [_plain(body, column.utf8) for _ in range(page.get(1, 0))]
-                body.drain()
-            elif kind == DATA_PAGE:
+            encoding = {DATA_PAGE: header.get(5, {}).get(2, PLAIN), DATA_PAGE_V2: header.get(8, {}).get(4, PLAIN)}.get(kind)
+            if kind == DICTIONARY_PAGE and not self.counting:
+                self._check_encoding(header.get(7, {}).get(2, PLAIN), (PLAIN, PLAIN_DICTIONARY))
+                self.dictionary = self._dictionary(header.get(7, {}).get(1, 0), size)
+            elif kind == DATA_PAGE and not (self.counting and encoding == PLAIN):
                 page = header.get(5, {})
                 body = _Stream(DECOMPRESSORS[column.codec](self.raw.pieces(size)))
                 count = page.get(1, 0)
                 repetition = self._levels(body, column.max_rep, count, page.get(4, RLE), prefixed=True)
                 definition = self._levels(body, column.max_def, count, page.get(3, RLE), prefixed=True)
-                yield from self._page(body, page.get(2, PLAIN), repetition, definition)
-            elif kind == DATA_PAGE_V2:
+                yield from self._page(body, encoding, repetition, definition)
+            elif kind == DATA_PAGE_V2 and not (self.counting and encoding == PLAIN):
                 page = header.get(8, {})
                 count, repetition_size, definition_size = page.get(1, 0), page.get(6, 0), page.get(5, 0)
                 repetition = self._levels(_Stream(iter([self.raw.read(repetition_size)])), column.max_rep, count, RLE)
                 definition = self._levels(_Stream(iter([self.raw.read(definition_size)])), column.max_def, count, RLE)
                 values = self.raw.pieces(size - repetition_size - definition_size)
                 body = _Stream(DECOMPRESSORS[column.codec](values) if page.get(7, True) else values)
-                yield from self._page(body, page.get(4, PLAIN), repetition, definition)
-            else:  # an index page, or one of a later format: not ours to read
+                yield from self._page(body, encoding, repetition, definition)
+            else:  # an index page, one of a later format, or a page the counting pass skips
                 for _ in self.raw.pieces(size):
                     pass
+
+    def _dictionary(self, entries: int, size: int) -> _Dictionary:
+        """The dictionary page whose ``size`` bytes of body come next: its uses counted over the
+        data pages after it, its body skipped here and streamed from its own file handle."""
+        body_start = self.start + self.raw.tell()
+        counting = _Pages(self.column, self.opened, body_start + size, counting=True)
+        for _, definition in counting.levels():
+            if definition == self.column.max_def:
+                counting.value()
+        for _ in self.raw.pieces(size):
+            pass
+        stream = _Stream(DECOMPRESSORS[self.column.codec](_file_pieces(self.opened(body_start), size)))
+        return _Dictionary(stream, entries, self.column.utf8, counting.dictionary.uses)
 
     def value(self) -> Any:
         """The next present value of the page (bytes, or str for a UTF-8 leaf)."""
@@ -386,8 +420,8 @@ class _Pages:
             self._check_encoding(encoding, (PLAIN_DICTIONARY, RLE_DICTIONARY))
             if self.dictionary is None:
                 raise CorruptPage("a dictionary-encoded data page without a dictionary page before it")
-            dictionary = self.dictionary
-            self._values = (dictionary[i] for i in hybrid_values(body, body.byte() if present else 0, present))
+            entry = self.dictionary.entry
+            self._values = (entry(i) for i in hybrid_values(body, body.byte() if present else 0, present))
         yield from zip(repetition, definition)
         body.drain()
 
@@ -405,6 +439,42 @@ class _Pages:
             raise UnsupportedPage(f"{ENCODING_NAMES.get(encoding, encoding)} encoding in {self.column.where()} "
                                   f"(streamed: {', '.join(ENCODING_NAMES[e] for e in supported)} there)")
 
+
+
+class _Uses:
+    """The counting pass's dictionary: how often each index is used (its entries are None)."""
+
+    def __init__(self) -> None:
+        self.uses: Counter[int] = Counter()
+
+    def entry(self, index: int) -> None:
+        self.uses[index] += 1
+
+
+class _Dictionary:
+    """A dictionary page's ``count`` entries, read from ``body`` as the indices reach them; an entry
+    is kept from its reading to its last use (``uses``), one never used is not kept.
+
+    Example: uses ``{0: 1, 1: 2}``: ``entry(1)`` reads entries 0 and 1 and keeps both; ``entry(0)``
+    drops 0; ``entry(1)`` drops 1. Entries of a media column are used once each, in order
+    (pyarrow numbers them as they first appear), so memory holds about one.
+    """
+
+    def __init__(self, body: _Stream, count: int, utf8: bool, uses: Counter[int]) -> None:
+        self.body, self.count, self.utf8, self.uses = body, count, utf8, uses
+        self.kept: dict[int, Any] = {}
+        self.read = 0
+
+    def entry(self, index: int) -> Any:
+        while self.read <= index:
+            if self.read >= self.count:
+                raise CorruptPage(f"dictionary index {index} of a dictionary of {self.count} entries")
+            value = _plain(self.body, self.utf8)
+            if self.uses[self.read]:
+                self.kept[self.read] = value
+            self.read += 1
+        self.uses[index] -= 1
+        return self.kept[index] if self.uses[index] else self.kept.pop(index)
 
 
 def _plain(body: _Stream, utf8: bool) -> Any:
@@ -430,9 +500,13 @@ def leaf_items(path: Path, row_group: int, leaf: str) -> Iterator[list[Any] | No
     column = leaf_column(path, row_group, leaf)
     rows = 0
     try:
-        with path.open("rb") as file:
-            file.seek(column.start)
-            pages = _Pages(column, file)
+        with ExitStack() as files:
+            def opened(offset: int) -> BinaryIO:
+                file = files.enter_context(path.open("rb"))
+                file.seek(offset)
+                return file
+
+            pages = _Pages(column, opened, column.start)
             row: list[Any] | None = None
             for repetition, definition in pages.levels():
                 if repetition == 0:
@@ -446,7 +520,7 @@ def leaf_items(path: Path, row_group: int, leaf: str) -> Iterator[list[Any] | No
                     row.append(pages.value() if definition == column.max_def else None)
             if rows:
                 yield row
-    except (EOFError, StopIteration, IndexError, UnicodeDecodeError, zlib.error, CorruptPage) as err:
+    except (EOFError, StopIteration, IndexError, KeyError, UnicodeDecodeError, zlib.error, CorruptPage) as err:
         raise CorruptPage(f"{column.where()} does not read: {err}; fix: rewrite the file "
                           "(e.g. pyarrow.parquet.write_table), or skip its rows") from None
     if rows != column.rows:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import count, islice, repeat
@@ -111,7 +112,7 @@ def embedded_extension(item: EmbeddedMedia, kind: str, header: Any, allowed: tup
     Example: ``path="cat.png"`` -> ``"png"``; ``path=None`` and a JPEG header -> ``"jpg"``; a
     ``matroska,webm`` container with VP9 -> ``"webm"``.
     """
-    suffix = Path(item.path or "").suffix.lower().lstrip(".")
+    suffix = os.path.splitext(item.path or "")[1].lower().lstrip(".")  # not Path: it interns every name it parses
     if suffix in allowed:
         return suffix
     if kind == "image":
@@ -223,8 +224,10 @@ def _media_leaves(parquet: Any, column: str) -> tuple[str | None, str | None]:
         if not {"bytes", "path"} & names <= found.keys():
             raise UnsupportedPage(f"media column {column!r} of {kind} is not stored as streamed leaves")
         return (found["bytes"] if "bytes" in names else None), (found["path"] if "path" in names else None)
-    [leaf] = [leaf for leaf in leaves if leaf.split(".")[0] == column]
-    return (None, leaf) if pa.types.is_string(item) or pa.types.is_large_string(item) else (leaf, None)
+    own = [leaf for leaf in leaves if leaf.split(".")[0] == column]
+    if len(own) != 1:
+        raise UnsupportedPage(f"media column {column!r} of {kind} is stored in {len(own)} leaves")
+    return (None, own[0]) if pa.types.is_string(item) or pa.types.is_large_string(item) else (own[0], None)
 
 
 def _streamed_rows(path: Path, group: int, media: dict[str, str]) -> Iterator[RowMedia]:

@@ -313,13 +313,19 @@ class LeafColumn:
     utf8: bool
 
     def where(self) -> str:
+        """Example: ``"t.parquet, column 'images.list.element.bytes', row group 1"``."""
         return f"{self.path.name}, column {self.leaf!r}, row group {self.row_group}"
 
 
 def leaf_column(path: Path, row_group: int, leaf: str) -> LeafColumn:
     """The ``LeafColumn`` of ``leaf`` (a dotted ``path_in_schema``, e.g. ``images.list.element.bytes``)
     in ``row_group`` of the Parquet file ``path``, from its metadata (pyarrow);
-    ``UnsupportedPage`` for a codec, type or nesting this reader does not read."""
+    ``UnsupportedPage`` for a codec, type or nesting this reader does not read.
+
+    Example: a ``video: binary`` column written by pyarrow (snappy) -> ``LeafColumn(leaf="video",
+    codec="SNAPPY", max_def=1, max_rep=0, row_level=item_level=1, ...)``; the same with zstd ->
+    ``UnsupportedPage``.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -347,17 +353,20 @@ class _Pages:
     from file offset ``start`` to the chunk's end (``opened`` opens the file at an offset).
 
     A dictionary page is not read whole: a first pass over the data pages counts each entry's
-    uses (``counting``: dictionary indices only, PLAIN pages skipped unread), then the entries
-    are streamed as the indices reach them, each kept until its last use (``_Dictionary``).
+    uses into ``counting`` (dictionary indices only, PLAIN pages skipped unread), then the
+    entries are streamed as the indices reach them, each kept until its last use (``_Dictionary``).
+    Example: ``_Pages(column, opened, column.start)``, then ``for rep, level in pages.levels()``,
+    calling ``pages.value()`` for each level at ``max_def``.
     """
 
-    def __init__(self, column: LeafColumn, opened: Callable[[int], BinaryIO], start: int, *, counting: bool = False) -> None:
+    def __init__(self, column: LeafColumn, opened: Callable[[int], BinaryIO], start: int, *,
+                 counting: _Uses | None = None) -> None:
         self.column = column
         self.opened = opened
         self.start = start
         self.raw = _Stream(_file_pieces(opened(start), column.start + column.size - start))
-        self.counting = counting
-        self.dictionary: _Dictionary | _Uses | None = _Uses() if counting else None
+        self.counting = counting is not None
+        self.dictionary: _Dictionary | _Uses | None = counting
         self._values: Iterator[Any] = iter(())
 
     def levels(self) -> Iterator[tuple[int, int]]:
@@ -397,20 +406,23 @@ class _Pages:
         """The dictionary page whose ``size`` bytes of body come next: its uses counted over the
         data pages after it, its body skipped here and streamed from its own file handle."""
         body_start = self.start + self.raw.tell()
-        counting = _Pages(self.column, self.opened, body_start + size, counting=True)
+        uses = _Uses()
+        counting = _Pages(self.column, self.opened, body_start + size, counting=uses)
         for _, definition in counting.levels():
             if definition == self.column.max_def:
                 counting.value()
         for _ in self.raw.pieces(size):
             pass
         stream = _Stream(DECOMPRESSORS[self.column.codec](_file_pieces(self.opened(body_start), size)))
-        return _Dictionary(stream, entries, self.column.utf8, counting.dictionary.uses)
+        return _Dictionary(stream, entries, self.column.utf8, uses.uses)
 
     def value(self) -> Any:
         """The next present value of the page (bytes, or str for a UTF-8 leaf)."""
         return next(self._values)
 
     def _page(self, body: _Stream, encoding: int, repetition: list[int], definition: list[int]) -> Iterator[tuple[int, int]]:
+        """A data page's levels, its values (from ``body``, after the levels) made ready for ``value``;
+        the rest of ``body`` is read once the caller moves past the page."""
         present = sum(level == self.column.max_def for level in definition)
         # The value iterators refer to no ``self``: a cycle would keep a page's dictionary until gc runs.
         if encoding == PLAIN:
@@ -442,7 +454,10 @@ class _Pages:
 
 
 class _Uses:
-    """The counting pass's dictionary: how often each index is used (its entries are None)."""
+    """The counting pass's dictionary: how often each index is used (its entries are None).
+
+    Example: ``entry(3)``, ``entry(3)``, ``entry(0)`` -> ``uses == {3: 2, 0: 1}``.
+    """
 
     def __init__(self) -> None:
         self.uses: Counter[int] = Counter()

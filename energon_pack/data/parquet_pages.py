@@ -341,7 +341,7 @@ def leaf_column(path: Path, row_group: int, leaf: str) -> LeafColumn:
         raise UnsupportedPage(f"codec {chunk.compression} (streamed: {', '.join(CODECS)})")
     if chunk.physical_type != "BYTE_ARRAY" or schema.max_repetition_level > 1 or (schema.max_repetition_level == 1) != is_list:
         raise UnsupportedPage(f"a {chunk.physical_type} leaf at repetition level {schema.max_repetition_level} of a {top.type} column")
-    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    start = min(filter(None, (chunk.dictionary_page_offset, chunk.data_page_offset)))  # some writers put 0 for "none"
     return LeafColumn(path, row_group, leaf, start, chunk.total_compressed_size, chunk.compression,
                       schema.max_definition_level, schema.max_repetition_level, int(top.nullable),
                       int(top.nullable) + is_list, group.num_rows,

@@ -13,9 +13,9 @@ way it writes JSON records:
 - the image and video columns (``images``/``image``, ``videos``/``video``, or ``--image-column`` /
   ``--video-column``) hold one item or a list of them per row: a ``{"bytes", "path"}`` struct (the
   ``datasets`` Image/Video feature), a path string, or raw bytes. Bytes are embedded media and become
-  shard members byte for byte (``TableInput.with_media`` fetches them again when the record is
-  written, so memory holds one record batch, never the file); a path alone is read from
-  ``--media-root`` as a JSON record's path is;
+  shard members byte for byte (``TableInput.with_media`` streams them again when the record is
+  written, value by value with ``data.parquet_pages``, so memory holds about one record's media);
+  a path alone is read from ``--media-root`` as a JSON record's path is;
 - every other column is passed through as a record field (``id``, ``tools``, ...).
 
 The record's ``images``/``videos`` hold each item's path, or ``<column>[i]`` for embedded bytes

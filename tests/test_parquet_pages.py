@@ -28,7 +28,7 @@ from energon_pack.data.parquet_pages import (
     read_struct,
     snappy_pieces,
 )
-from energon_pack.data.parquet_records import TableInput
+from energon_pack.data.parquet_records import EmbeddedMedia, TableInput
 from energon_pack.data.prepare import PlacedRecord
 
 ITEM = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -128,6 +128,19 @@ def _media_table(rows: int) -> pa.Table:
     return pa.table({"messages": [CHAT] * rows,
                      "images": pa.array([[{"bytes": _value(3000 + i, i), "path": f"{i}.jpg" if i % 3 else None}] for i in range(rows)],
                                         pa.list_(ITEM))})
+
+
+@pytest.mark.parametrize("options", [dict(), dict(compression="gzip", use_dictionary=False, data_page_version="2.0")])
+def test_with_media_streams_supported_files_without_pyarrow(tmp_path, monkeypatch, options):
+    pq.write_table(_media_table(7), tmp_path / "t.parquet", row_group_size=3, **options)
+    table = pq.read_table(tmp_path / "t.parquet")
+    expected = [{("image", 0): EmbeddedMedia(item["path"], item["bytes"])} for [item] in table.column("images").to_pylist()]
+
+    def refused(self, *args, **kwargs):
+        raise AssertionError("the media pass read a Parquet file with pyarrow")
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", refused)
+    assert _attached(tmp_path / "t.parquet") == expected
 
 
 @pytest.mark.parametrize("options", [dict(compression="zstd"), dict(compression="lz4"),

@@ -13,9 +13,9 @@ way it writes JSON records:
 - the image and video columns (``images``/``image``, ``videos``/``video``, or ``--image-column`` /
   ``--video-column``) hold one item or a list of them per row: a ``{"bytes", "path"}`` struct (the
   ``datasets`` Image/Video feature), a path string, or raw bytes. Bytes are embedded media and become
-  shard members byte for byte (``TableInput.with_media`` fetches them again when the record is
-  written, so memory holds one record batch, never the file); a path alone is read from
-  ``--media-root`` as a JSON record's path is;
+  shard members byte for byte (``TableInput.with_media`` streams them again when the record is
+  written, value by value with ``data.parquet_pages``, so memory holds about one record's media);
+  a path alone is read from ``--media-root`` as a JSON record's path is;
 - every other column is passed through as a record field (``id``, ``tools``, ...).
 
 The record's ``images``/``videos`` hold each item's path, or ``<column>[i]`` for embedded bytes
@@ -26,17 +26,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import count, islice, repeat
 from pathlib import Path
 from typing import Any
 
+from energon_pack.data.parquet_pages import CorruptPage, UnsupportedPage, leaf_items
 from energon_pack.errors import BadSampleError, UsageError
 
 CONVERSATION_COLUMNS = ("messages", "conversations", "texts")
 MEDIA_COLUMNS = {"image": ("images", "image"), "video": ("videos", "video")}
 #: Rows per record batch read at a time: memory holds one batch of one row group, not the file.
 BATCH_ROWS = 64
+#: One row's media: by kind, each item's ``(path, bytes)`` (either may be None).
+RowMedia = dict[str, list[tuple[str | None, bytes | None]]]
 #: ``save_to_disk``'s file listing its Arrow files (``_data_files``), and a ``DatasetDict``'s.
 STATE_FILE = "state.json"
 DATASET_DICT_FILE = "dataset_dict.json"
@@ -107,7 +112,7 @@ def embedded_extension(item: EmbeddedMedia, kind: str, header: Any, allowed: tup
     Example: ``path="cat.png"`` -> ``"png"``; ``path=None`` and a JPEG header -> ``"jpg"``; a
     ``matroska,webm`` container with VP9 -> ``"webm"``.
     """
-    suffix = Path(item.path or "").suffix.lower().lstrip(".")
+    suffix = os.path.splitext(item.path or "")[1].lower().lstrip(".")  # not Path: it interns every name it parses
     if suffix in allowed:
         return suffix
     if kind == "image":
@@ -192,6 +197,60 @@ def _media_items(column: Any, name: str) -> _MediaItems:
     )
 
 
+def _batch_rows(batch: Any, media: dict[str, str]) -> Iterator[RowMedia]:
+    """Each row's media of a record batch holding the ``media`` columns (kind -> column), read by pyarrow."""
+    items = {kind: _media_items(batch.column(column), column) for kind, column in media.items()}
+    for row in range(batch.num_rows):
+        yield {kind: [(columns.paths[j], None if columns.data is None else columns.data[j].as_py()) for j in columns.rows[row]]
+               for kind, columns in items.items()}
+
+
+def _media_leaves(parquet: Any, column: str) -> tuple[str | None, str | None]:
+    """The leaves (dotted ``path_in_schema``) holding a media column's bytes and paths, for
+    ``parquet_pages``: ``image.bytes`` / ``image.path`` of a struct, ``images.list.element.bytes``
+    of a list of them, the one leaf of a binary or string column. ``UnsupportedPage`` for another
+    layout (a legacy two-level list, ...): pyarrow reads it."""
+    import pyarrow as pa
+
+    kind = parquet.schema_arrow.field(column).type
+    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    item = kind.value_type if is_list else kind
+    leaves = [parquet.schema.column(i).path for i in range(len(parquet.schema))]
+    if pa.types.is_struct(item):
+        depth = 4 if is_list else 2  # images.list.element.bytes, image.bytes
+        found = {leaf.split(".")[-1]: leaf for leaf in leaves
+                 if leaf.split(".")[0] == column and leaf.count(".") + 1 == depth}
+        names = {field.name for field in item if not pa.types.is_null(field.type)}  # all-null: no leaf to read
+        if not {"bytes", "path"} & names <= found.keys():
+            raise UnsupportedPage(f"media column {column!r} of {kind} is not stored as streamed leaves")
+        return (found["bytes"] if "bytes" in names else None), (found["path"] if "path" in names else None)
+    own = [leaf for leaf in leaves if leaf.split(".")[0] == column]
+    if len(own) != 1:
+        raise UnsupportedPage(f"media column {column!r} of {kind} is stored in {len(own)} leaves")
+    return (None, own[0]) if pa.types.is_string(item) or pa.types.is_large_string(item) else (own[0], None)
+
+
+def _streamed_rows(path: Path, group: int, media: dict[str, str]) -> Iterator[RowMedia]:
+    """Each row's media of row group ``group`` of the Parquet file ``path``, its leaves streamed
+    value by value (``parquet_pages``): memory holds a row's media, not the group's page."""
+    parquet = TableInput._open(path)
+    columns = {kind: [None if leaf is None else leaf_items(path, group, leaf) for leaf in _media_leaves(parquet, column)]
+               for kind, column in media.items()}
+    yield from (_next_row(columns) for _ in range(parquet.metadata.row_group(group).num_rows))
+
+
+def _next_row(columns: dict[str, list[Iterator[list[Any] | None] | None]]) -> RowMedia:
+    """The next row's media from each kind's streamed ``[bytes leaf, path leaf]`` (None: no such leaf)."""
+    row: RowMedia = {}
+    for kind, leaves in columns.items():
+        data, paths = (None if leaf is None else next(leaf) for leaf in leaves)
+        size = len(data or paths or [])
+        if data is not None and paths is not None and len(paths) != len(data):
+            raise CorruptPage(f"a row's {kind} items have {len(data)} bytes values but {len(paths)} paths")
+        row[kind] = list(zip(paths or [None] * size, data or [None] * size))
+    return row
+
+
 @dataclass(frozen=True)
 class _Layout:
     """The columns a table input is read with (``None``: no such column)."""
@@ -262,43 +321,46 @@ class TableInput:
         keep = [leaf for leaf in leaves if leaf.split(".")[0] not in media or not leaf.endswith(".bytes")]
         return keep if {leaf.split(".")[0] for leaf in keep} == {leaf.split(".")[0] for leaf in leaves} else None
 
-    def _batches(self, columns: Callable[[Path], list[str] | None], wanted: Callable[[int, int], bool]) -> Iterator[tuple[int, int, Any]]:
-        """``(first row, rows, record batch or BadSampleError)`` over every row group whose rows
-        ``[first, first + rows)`` are ``wanted``; a group that fails to read gives one error for its rest."""
+    def _wanted_groups(self, columns: Callable[[Path], list[str] | None], wanted: Callable[[int, int], bool]) -> Iterator[tuple[Path, int, int, int, Callable[[], Iterator[Any]]]]:
+        """``(file, group index, first row, rows, reader of its batches)`` of every row group whose
+        rows ``[first, first + rows)`` are ``wanted``; pyarrow's pool is handed back after each."""
         first = 1
         for path in self.files:
-            for rows, batches in self._groups(path, columns(path)):
-                if not wanted(first, rows):
-                    first += rows
-                    continue
-                done = 0
-                try:
-                    for batch in batches():
-                        yield first + done, batch.num_rows, batch
-                        done += batch.num_rows
-                except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError
-                    if done < rows:
-                        yield first + done, rows - done, BadSampleError(
-                            "unreadable_row", f"{path.name}: rows {first + done}..{first + rows - 1} do not read ({err})")
+            for group, rows, batches in self._groups(path, columns(path)):
+                if wanted(first, rows):
+                    yield path, group, first, rows, batches
+                    _release_unused()
                 first += rows
-                _release_unused()
 
-    def _groups(self, path: Path, columns: list[str] | None) -> Iterator[tuple[int, Callable[[], Iterator[Any]]]]:
-        """Each row group (Parquet) or record batch (Arrow) of ``path``: its rows and a reader of its batches."""
+    def _batches(self, columns: Callable[[Path], list[str] | None]) -> Iterator[tuple[int, int, Any]]:
+        """``(first row, rows, record batch or BadSampleError)`` over every row group; a group that
+        fails to read gives one error for its rest."""
+        for path, _, first, rows, batches in self._wanted_groups(columns, lambda first, rows: True):
+            done = 0
+            try:
+                for batch in batches():
+                    yield first + done, batch.num_rows, batch
+                    done += batch.num_rows
+            except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError
+                if done < rows:
+                    yield first + done, rows - done, _unreadable(path, first + done, first + rows - 1, err)
+
+    def _groups(self, path: Path, columns: list[str] | None) -> Iterator[tuple[int, int, Callable[[], Iterator[Any]]]]:
+        """Each row group (Parquet) or record batch (Arrow) of ``path``: its index, rows and a reader of its batches."""
         if path.suffix != ".parquet":
-            for batch in _open_arrow(path):
-                yield batch.num_rows, lambda batch=batch: iter([batch if columns is None else batch.select(columns)])  # top-level names
+            for index, batch in enumerate(_open_arrow(path)):
+                yield index, batch.num_rows, lambda batch=batch: iter([batch if columns is None else batch.select(columns)])  # top-level names
             return
         parquet = self._open(path)
         for group in range(parquet.num_row_groups):
-            yield parquet.metadata.row_group(group).num_rows, lambda group=group: parquet.iter_batches(
+            yield group, parquet.metadata.row_group(group).num_rows, lambda group=group: parquet.iter_batches(
                 batch_size=BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False)
 
     def records(self) -> Iterator[tuple[int, Any]]:
         """``(row, record)`` of every row (1-based over all files): the JSON reader's record form;
         a row that does not read yields a ``BadSampleError``."""
         media = {kind: column for kind, column in self.layout.media.items() if column}
-        for first, rows, batch in self._batches(self._text_columns, lambda first, rows: True):
+        for first, rows, batch in self._batches(self._text_columns):
             if isinstance(batch, BadSampleError):
                 yield from ((first + i, batch) for i in range(rows))
                 continue
@@ -327,29 +389,62 @@ class TableInput:
 
     def with_media(self, placed: Sequence[Any]) -> Iterator[Any]:
         """The placed records (``prepare.PlacedRecord``, in row order) with their embedded media
-        attached (``embedded``), read again batch by batch (only groups holding one of them); rows
-        whose media do not read get ``media_error`` (``unreadable_row``: the records pass does not
-        read the media bytes)."""
+        attached (``embedded``), read again row group by row group (only groups holding one of
+        them); rows whose media do not read get ``media_error`` (``unreadable_row``: the records
+        pass does not read the media bytes)."""
         media = {kind: column for kind, column in self.layout.media.items() if column}
         if not media:
             yield from placed
             return
         pending = iter(placed)
-        wanted = _RowsWanted(sorted(item.line for item in placed))
         current = next(pending, None)
-        for first, rows, batch in self._batches(lambda path: list(media.values()), wanted):
-            if current is None or current.line >= first + rows:
+        for line, row in self._row_media(media, _RowsWanted(sorted(item.line for item in placed))):
+            if current is None or current.line != line:
                 continue
-            items = None if isinstance(batch, BadSampleError) else {
-                kind: _media_items(batch.column(column), column) for kind, column in media.items()}
-            while current is not None and current.line < first + rows:
-                if items is None:
-                    yield replace(current, media_error=batch)
-                else:
-                    yield replace(current, embedded=_embedded(items, current.line - first))
-                current = next(pending, None)
+            if isinstance(row, BadSampleError):
+                yield replace(current, media_error=row)
+            else:
+                yield replace(current, embedded=_embedded(row))
+            del row  # no record's bytes held while the next row is read
+            current = next(pending, None)
         if current is not None:
             raise RuntimeError(f"row {current.line} of {str(self.path)!r} was not found again when reading its media")
+
+    def _row_media(self, media: dict[str, str], wanted: Callable[[int, int], bool]) -> Iterator[tuple[int, RowMedia | BadSampleError]]:
+        """``(row, its media or why they do not read)`` of every row of the groups ``wanted``: a
+        Parquet group's media leaves streamed (``parquet_pages``); an Arrow batch, or the rest of a
+        group from a page the stream does not read (``UnsupportedPage``), read by pyarrow."""
+        for path, group, first, rows, batches in self._wanted_groups(lambda path: list(media.values()), wanted):
+            done = _Tally(iter(()))
+            try:
+                if path.suffix == ".parquet":
+                    done.items = _streamed_rows(path, group, media)
+                    try:
+                        yield from zip(count(first), done)
+                        continue
+                    except UnsupportedPage:
+                        pass  # pyarrow reads the rest
+                done.items = islice((row for batch in batches() for row in _batch_rows(batch, media)), done.count, None)
+                yield from zip(count(first + done.count), done)
+            except (CorruptPage, OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError too
+                error = _unreadable(path, first + done.count, first + rows - 1, err)
+                yield from zip(range(first + done.count, first + rows), repeat(error))
+
+
+class _Tally:
+    """The items of an iterator (``items``, which may be swapped), counted as they pass (``count``)."""
+
+    def __init__(self, items: Iterator[Any]) -> None:
+        self.items = items
+        self.count = 0
+
+    def __iter__(self) -> _Tally:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self.items)
+        self.count += 1
+        return item
 
 
 class _RowsWanted:
@@ -365,16 +460,19 @@ class _RowsWanted:
         return index < len(self.lines) and self.lines[index] < first + rows
 
 
-def _embedded(media: dict[str, _MediaItems], row: int) -> dict[tuple[str, int], EmbeddedMedia]:
-    """The embedded media of ``row`` of a batch's media columns by (kind, position): items with
-    bytes, and items with neither bytes nor a path (``data`` None: ``check_embedded`` refuses them)."""
-    embedded: dict[tuple[str, int], EmbeddedMedia] = {}
-    for kind, items in media.items():
-        for position, j in enumerate(items.rows[row]):
-            data = None if items.data is None else items.data[j].as_py()
-            if data is not None or not items.paths[j]:
-                embedded[(kind, position)] = EmbeddedMedia(items.paths[j], data)
-    return embedded
+def _embedded(row: RowMedia) -> dict[tuple[str, int], EmbeddedMedia]:
+    """The embedded media of a row by (kind, position): items with bytes, and items with neither
+    bytes nor a path (``data`` None: ``check_embedded`` refuses them).
+
+    Example: ``{"image": [("a.jpg", None), (None, b"...")]}`` -> ``{("image", 1): EmbeddedMedia(None, b"...")}``.
+    """
+    return {(kind, position): EmbeddedMedia(path, data)
+            for kind, items in row.items() for position, (path, data) in enumerate(items) if data is not None or not path}
+
+
+def _unreadable(path: Path, first: int, last: int, err: Exception) -> BadSampleError:
+    """The ``unreadable_row`` skip of rows ``first..last`` of ``path`` that do not read."""
+    return BadSampleError("unreadable_row", f"{path.name}: rows {first}..{last} do not read ({err})")
 
 
 def check_embedded(item: EmbeddedMedia, kind: str, name: str) -> bytes:

@@ -19,15 +19,15 @@ COMPAT_CONSTRAINTS := constraints/compat-py312.txt
 PYTHON312 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
 # Golden tests on a fifth of each golden mix (the main run checks all of it on transformers 5.24).
 COMPAT_GOLDEN_FRACTION := 0.2
-COMPAT_TESTS := tests/test_rope.py tests/test_geometry.py tests/test_processor.py tests/test_qwen35.py \
-	tests/test_preencode.py::test_preencode_equals_hf_processor \
-	tests/test_preencode.py::test_preencode_equals_hf_processor_with_custom_limits \
-	tests/test_postencode.py::test_postencode_pixels_equal_hf_processor \
-	tests/test_postencode.py::test_uint8_payload_normalises_to_the_float32_payload \
-	tests/test_real_corpus.py tests/test_video_probe.py::test_rotation_rule_matches_transformers_load_video \
-	tests/test_step.py tests/test_bridge_step.py tests/test_install.py tests/test_tool_calls.py \
-	tests/test_bridge_format_compat.py \
-	tests/test_parquet_input.py::test_a_datasets_save_to_disk_folder
+COMPAT_TESTS := tests/qwen/test_rope.py tests/qwen/test_geometry.py tests/qwen/test_processor.py tests/qwen/test_qwen35.py \
+	tests/golden/test_preencode.py::test_preencode_equals_hf_processor \
+	tests/golden/test_preencode.py::test_preencode_equals_hf_processor_with_custom_limits \
+	tests/golden/test_postencode.py::test_postencode_pixels_equal_hf_processor \
+	tests/golden/test_postencode.py::test_uint8_payload_normalises_to_the_float32_payload \
+	tests/golden/test_real_corpus.py tests/qwen/test_video_probe.py::test_rotation_rule_matches_transformers_load_video \
+	tests/rows/test_step.py tests/bridge/test_bridge_step.py tests/package/test_install.py tests/golden/test_tool_calls.py \
+	tests/formats/test_bridge_format_compat.py \
+	tests/data/test_parquet_input.py::test_a_datasets_save_to_disk_folder
 
 .PHONY: demo test test-fast test-compat install install-test clean
 

@@ -69,7 +69,7 @@ def corrupt_dataset(tmp_path_factory):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """List the tutorial notebooks that ``tests/test_notebooks.py`` executed: outcome and run time."""
+    """List the tutorial notebooks that ``tests/tutorials/test_notebooks.py`` executed: outcome and run time."""
     lines = []
     for outcome in ("passed", "failed"):
         for report in terminalreporter.stats.get(outcome, []):

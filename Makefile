@@ -1,5 +1,6 @@
-# `make demo`, `make test` (everything, what CI runs: the main suite, then the compatibility run)
-# and `make test-fast` (the quick loop: no worker processes, torchrun, notebooks or model oracle).
+# `make demo`, `make test` (everything, what CI runs: the main suite, then the compatibility run),
+# `make test-fast` (the quick loop: no worker processes, torchrun, notebooks or model oracle) and
+# `make test-profile` (the main suite's seconds per test folder).
 # Each creates the virtual environment it needs when missing.
 PYTHON ?= python3
 VENV := .venv
@@ -29,7 +30,7 @@ COMPAT_TESTS := tests/qwen/test_rope.py tests/qwen/test_geometry.py tests/qwen/t
 	tests/formats/test_bridge_format_compat.py \
 	tests/data/test_parquet_input.py::test_a_datasets_save_to_disk_folder
 
-.PHONY: demo test test-fast test-compat install install-test clean
+.PHONY: demo test test-fast test-profile test-compat install install-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,11 +62,13 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(VENV)/bin/energon-pack demo
 
-PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest --durations=15
+# Test processes (pytest-xdist): units of work are test files, the golden mix and each notebook,
+# the long ones first (tests/support/scheduling.py). TEST_PROCESSES=0 runs in this process.
+TEST_PROCESSES ?= 2
+PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest --durations=15 -n $(TEST_PROCESSES)
 
-# The compatibility run has its own venv and runs beside the main suite (which keeps about one of
-# two cores busy), its output kept in .test-compat.log and printed after the main suite's; `make
-# test` fails when either fails.
+# The compatibility run has its own venv and runs beside the main suite's processes, its output kept
+# in .test-compat.log and printed after the main suite's; `make test` fails when either fails.
 test: install-test
 	@$(MAKE) --no-print-directory test-compat > .test-compat.log 2>&1 & compat=$$!; \
 	$(PYTEST); main=$$?; \
@@ -76,6 +79,10 @@ test: install-test
 
 test-fast: install-test
 	$(PYTEST) -m "not slow" --timeout=300
+
+# The whole main suite with the seconds spent per test folder (the compatibility run not included).
+test-profile: install-test
+	$(PYTEST) --folder-times
 
 test-compat:
 	@if [ -n "$(PYTHON312)" ] && "$(PYTHON312)" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \

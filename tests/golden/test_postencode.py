@@ -42,6 +42,7 @@ from energon_pack.rows.thd import build_thd_row
 from energon_pack.core.visual import VisualInputs, normalize_patches
 from tests.support.golden_media import (
     GoldenSample,
+    GOLDEN_MIX_SEED,
     chat_sample,
     golden_count,
     golden_samples,
@@ -53,7 +54,6 @@ from tests.support.real_corpus import trimmed_mp4
 #: Samples per family's mix; only full-size mixes are checked for coverage (big images, videos).
 MIX_SIZES = {"qwen2.5-vl": 500, "qwen3-vl": 500, "qwen3.5": 24}
 FULL_MIX = 500
-MIX_SEED = 20251129
 UINT8_SAMPLES = 40  # samples with media whose uint8 payload is checked (per family)
 SEGMENTS_PER_ROW = 4  # uint8 segments packed into one row for the to_device_batch route
 TOLERANCE = 1e-6
@@ -75,27 +75,28 @@ def _max_abs_diff(ours: torch.Tensor | None, reference: torch.Tensor | None) -> 
 
 
 @pytest.fixture(scope="module", params=sorted(MIX_SIZES))
-def golden_mix(request: pytest.FixtureRequest) -> tuple[Any, list[Any], list[PreparedSample]]:
-    """(processor, golden samples, preencoded samples) of one family's 500-sample mix."""
+def golden_mix(request: pytest.FixtureRequest) -> tuple[str, Any, list[Any], list[PreparedSample]]:
+    """(processor fixture, processor, golden samples, preencoded samples) of one family's mix."""
     family = request.param
-    processor = request.getfixturevalue(PROCESSOR_FIXTURES[family])
-    samples = golden_samples(golden_count(MIX_SIZES[family]), MIX_SEED, family=family)
+    fixture = PROCESSOR_FIXTURES[family]
+    processor = request.getfixturevalue(fixture)
+    samples = golden_samples(golden_count(MIX_SIZES[family]), GOLDEN_MIX_SEED, family=family)
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
     prepared = [encoder.preencode_sample(chat_sample(golden, f"g{index:04d}")) for index, golden in enumerate(samples)]
-    return processor, samples, prepared
+    return fixture, processor, samples, prepared
 
 
 @pytest.mark.slow
-def test_postencode_pixels_equal_hf_processor(golden_mix):
-    processor, samples, prepared = golden_mix
+def test_postencode_pixels_equal_hf_processor(golden_mix, golden_references):
+    fixture, processor, samples, prepared = golden_mix
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH, pixel_dtype="float32"), processor)
     skipped = {p.__key__: p.skip_reason for p in prepared if p.skip_reason is not None}
     assert not skipped, f"the golden mix holds only good samples, but preencode skipped {skipped}"
     worst = dict.fromkeys(PIXEL_FIELDS, 0.0)
     seen = {"images": 0, "big_images": 0, "videos": 0}
-    for golden, sample in zip(samples, prepared):
+    for index, (golden, sample) in enumerate(zip(samples, prepared)):
         visual = encoder.postencode_sample(sample).segment.visual
-        reference = hf_reference(processor, golden.messages, golden.images, golden.videos)
+        reference = golden_references.full(fixture, GOLDEN_MIX_SEED, index, processor, golden)
         for name in GRID_FIELDS:
             ours, theirs = getattr(visual, name), reference.get(name)
             assert (ours is None) == (theirs is None) and (ours is None or torch.equal(ours, theirs)), (
@@ -120,7 +121,7 @@ def test_postencode_pixels_equal_hf_processor(golden_mix):
 
 @pytest.mark.slow
 def test_uint8_payload_normalises_to_the_float32_payload(golden_mix):
-    processor, _, prepared = golden_mix
+    _, processor, _, prepared = golden_mix
     float_encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH, pixel_dtype="float32"), processor)
     uint8_encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH, pixel_dtype="uint8"), processor)
     with_media = [p for p in prepared if p.images or p.videos][:UINT8_SAMPLES]

@@ -32,6 +32,7 @@ from energon_pack.core.samples import QwenVLChatSample
 from energon_pack.formats.qwen_chat import chat_fields_from_parts
 from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from tests.support.golden_media import (
+    GOLDEN_MIX_SEED,
     GoldenSample,
     chat_sample,
     golden_count,
@@ -167,14 +168,16 @@ def image_format(data: bytes) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("run", sorted(GOLDEN_RUNS))
-def test_preencode_equals_hf_processor(run, request):
+def test_preencode_equals_hf_processor(run, request, golden_references):
+    """Token for token on the golden mix (the postencode golden test's samples: the HF processor
+    runs once per sample for both, ``golden_references``)."""
     family, fixture, count = GOLDEN_RUNS[run]
     processor = request.getfixturevalue(fixture)
     encoder = task_encoder(processor)
-    samples = golden_samples(golden_count(count), seed=2024, family=family)
+    samples = golden_samples(golden_count(count), seed=GOLDEN_MIX_SEED, family=family)
     for index, golden in enumerate(samples):
         prepared = encoder.preencode_sample(chat_sample(golden, f"golden{index}"))
-        reference = hf_reference(processor, *golden)
+        reference = golden_references.tokens(fixture, GOLDEN_MIX_SEED, index, processor, golden)
         assert prepared.skip_reason is None, (index, prepared.skip_reason)
         assert torch.equal(prepared.input_ids, reference["input_ids"][0]), index
         for name in ("image_grid_thw", "video_grid_thw"):

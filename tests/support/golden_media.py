@@ -201,6 +201,11 @@ def corner_samples(seed: int) -> list[GoldenSample]:
     ]
 
 
+#: The seed of the golden mixes that the preencode (tokens) and postencode (pixels) golden tests
+#: share, so that one Hugging Face processor run per sample serves both (``GoldenReferences``).
+GOLDEN_MIX_SEED = 20251129
+
+
 def golden_samples(n: int, seed: int, *, family: str) -> list[GoldenSample]:
     """``n`` deterministic samples: the two ``corner_samples``, then random ones (sample i depends
     only on (seed, i), so prefixes are stable).

@@ -83,3 +83,34 @@ def hf_reference(
         return_tensors="pt",
         **call,
     )
+
+
+#: The token side of a reference: what preencode is compared with (no pixel tensors).
+TOKEN_FIELDS = ("input_ids", "image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+
+
+class GoldenReferences:
+    """HF references of golden samples, shared by the golden tests of one session.
+
+    ``full`` runs the processor (pixels included) and keeps the token side; ``tokens`` returns a
+    kept token side, or runs the processor. A key names the processor fixture, the mix seed and the
+    sample's index, so one run of the processor serves the postencode (pixels) and the preencode
+    (tokens) comparison of the same sample. Example: ``full("processor", 7, 3, ...)`` then
+    ``tokens("processor", 7, 3, ...)`` -> the same ``input_ids``, the processor run once.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: dict[tuple[str, int, int], dict[str, Any]] = {}
+        self.processor_runs = 0
+
+    def full(self, fixture: str, seed: int, index: int, processor: Any, golden: Any) -> Any:
+        """The whole reference (``hf_reference``) of golden sample ``index`` of mix ``seed``."""
+        reference = hf_reference(processor, golden.messages, golden.images, golden.videos)
+        self.processor_runs += 1
+        self._tokens[(fixture, seed, index)] = {name: reference[name] for name in TOKEN_FIELDS if name in reference}
+        return reference
+
+    def tokens(self, fixture: str, seed: int, index: int, processor: Any, golden: Any) -> dict[str, Any]:
+        """The token side (``TOKEN_FIELDS`` present in the reference) of the same sample."""
+        kept = self._tokens.get((fixture, seed, index))
+        return kept if kept is not None else self.full(fixture, seed, index, processor, golden)

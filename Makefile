@@ -1,5 +1,6 @@
-# `make demo`, `make test` (everything, what CI runs: the main suite, then the compatibility run)
-# and `make test-fast` (the quick loop: no worker processes, torchrun, notebooks or model oracle).
+# `make demo`, `make test` (everything, what CI runs: the main suite, then the compatibility run),
+# `make test-fast` (the quick loop: no worker processes, torchrun, notebooks or model oracle) and
+# `make test-profile` (the main suite's seconds per test folder).
 # Each creates the virtual environment it needs when missing.
 PYTHON ?= python3
 VENV := .venv
@@ -19,17 +20,17 @@ COMPAT_CONSTRAINTS := constraints/compat-py312.txt
 PYTHON312 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
 # Golden tests on a fifth of each golden mix (the main run checks all of it on transformers 5.24).
 COMPAT_GOLDEN_FRACTION := 0.2
-COMPAT_TESTS := tests/test_rope.py tests/test_geometry.py tests/test_processor.py tests/test_qwen35.py \
-	tests/test_preencode.py::test_preencode_equals_hf_processor \
-	tests/test_preencode.py::test_preencode_equals_hf_processor_with_custom_limits \
-	tests/test_postencode.py::test_postencode_pixels_equal_hf_processor \
-	tests/test_postencode.py::test_uint8_payload_normalises_to_the_float32_payload \
-	tests/test_real_corpus.py tests/test_video_probe.py::test_rotation_rule_matches_transformers_load_video \
-	tests/test_step.py tests/test_bridge_step.py tests/test_install.py tests/test_tool_calls.py \
-	tests/test_bridge_format_compat.py \
-	tests/test_parquet_input.py::test_a_datasets_save_to_disk_folder
+COMPAT_TESTS := tests/qwen/test_rope.py tests/qwen/test_geometry.py tests/qwen/test_processor.py tests/qwen/test_qwen35.py \
+	tests/golden/test_preencode.py::test_preencode_equals_hf_processor \
+	tests/golden/test_preencode.py::test_preencode_equals_hf_processor_with_custom_limits \
+	tests/golden/test_postencode.py::test_postencode_pixels_equal_hf_processor \
+	tests/golden/test_postencode.py::test_uint8_payload_normalises_to_the_float32_payload \
+	tests/golden/test_real_corpus.py tests/qwen/test_video_probe.py::test_rotation_rule_matches_transformers_load_video \
+	tests/rows/test_step.py tests/bridge/test_bridge_step.py tests/package/test_install.py tests/golden/test_tool_calls.py \
+	tests/formats/test_bridge_format_compat.py \
+	tests/data/test_parquet_input.py::test_a_datasets_save_to_disk_folder
 
-.PHONY: demo test test-fast test-compat install install-test clean
+.PHONY: demo test test-fast test-profile test-compat install install-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,11 +62,13 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(VENV)/bin/energon-pack demo
 
-PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest --durations=15
+# Test processes (pytest-xdist): units of work are test files, the golden mix and each notebook,
+# the long ones first (tests/support/scheduling.py). TEST_PROCESSES=0 runs in this process.
+TEST_PROCESSES ?= 2
+PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest --durations=15 -n $(TEST_PROCESSES)
 
-# The compatibility run has its own venv and runs beside the main suite (which keeps about one of
-# two cores busy), its output kept in .test-compat.log and printed after the main suite's; `make
-# test` fails when either fails.
+# The compatibility run has its own venv and runs beside the main suite's processes, its output kept
+# in .test-compat.log and printed after the main suite's; `make test` fails when either fails.
 test: install-test
 	@$(MAKE) --no-print-directory test-compat > .test-compat.log 2>&1 & compat=$$!; \
 	$(PYTEST); main=$$?; \
@@ -76,6 +79,10 @@ test: install-test
 
 test-fast: install-test
 	$(PYTEST) -m "not slow" --timeout=300
+
+# The whole main suite with the seconds spent per test folder (the compatibility run not included).
+test-profile: install-test
+	$(PYTEST) --folder-times
 
 test-compat:
 	@if [ -n "$(PYTHON312)" ] && "$(PYTHON312)" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \

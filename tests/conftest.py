@@ -49,6 +49,15 @@ def processor_qwen35_saved(processor_qwen35, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def golden_references():
+    """HF references of the golden mixes, run once per session for the postencode (pixels) and the
+    preencode (tokens) golden tests (``tests.support.hf_reference.GoldenReferences``)."""
+    from tests.support.hf_reference import GoldenReferences
+
+    return GoldenReferences()
+
+
+@pytest.fixture(scope="session")
 def synthetic_dataset(tmp_path_factory):
     """A prepared synthetic dataset of 40 mixed samples (images, videos, multi-turn text)."""
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
@@ -68,8 +77,34 @@ def corrupt_dataset(tmp_path_factory):
     return make_synthetic_dataset(tmp_path_factory.mktemp("corrupt"), 40, seed=3, spec=spec, samples_per_shard=16)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--folder-times", action="store_true", help="print the seconds spent per test folder (make test-profile)")
+
+
+def pytest_configure(config):
+    if config.getoption("--folder-times") and not hasattr(config, "workerinput"):
+        from tests.support.folder_times import FolderTimes
+
+        config.pluginmanager.register(FolderTimes(), "folder-times")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Long units of work first (``tests.support.scheduling.collection_order``; a stable sort)."""
+    from tests.support.scheduling import collection_order
+
+    items.sort(key=lambda item: collection_order(item.nodeid))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Units of work for ``-n 2`` (``tests.support.scheduling``): files, the golden mix, each notebook."""
+    from tests.support.scheduling import make_scheduler
+
+    return make_scheduler(config, log)
+
+
 def pytest_terminal_summary(terminalreporter):
-    """List the tutorial notebooks that ``tests/test_notebooks.py`` executed: outcome and run time."""
+    """List the tutorial notebooks that ``tests/tutorials/test_notebooks.py`` executed: outcome and run time."""
     lines = []
     for outcome in ("passed", "failed"):
         for report in terminalreporter.stats.get(outcome, []):

@@ -16,7 +16,7 @@ Two pure parts:
   count.
 
 How planning scales to ten million samples (same algorithm and tie-breaking as the plain
-list version, which ``tests/global_plan_reference.py`` keeps as the oracle; other data
+list version, which ``tests/support/global_plan_reference.py`` keeps as the oracle; other data
 structures):
 
 * **Best-fit decreasing** (:func:`best_fit_decreasing_bins`): open bins live in buckets by

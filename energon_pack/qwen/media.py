@@ -15,7 +15,7 @@ Image format quirks (Pillow 13, docs/on_disk_format.md):
 - JPEG/MPO, WebP: EXIF and XMP are read at open. GIF, BMP: no EXIF (orientation 1).
 - An XMP ``tiff:Orientation`` counts when EXIF has none (as ``Image.getexif`` does).
 
-Video frame counts (each rule checked against a full decode in tests/test_video_probe.py):
+Video frame counts (each rule checked against a full decode in tests/qwen/test_video_probe.py):
 
 - Demuxed packets of the first video stream with ``size > 0`` (PyAV ends with an empty flush
   packet) and not ``is_discard`` (an MP4 edit list hides them).

@@ -1,0 +1,117 @@
+"""Decoding only what the sampled frames need (``qwen.frames.sampled_frames``) gives exactly the frames
+of a full sequential decode, on every container and codec of the real-world corpus with a keyframe
+every 8 frames (tests/support/real_corpus.py ``SEEK_CORPUS``: B-frames, open GOPs, variable frame rate, an
+edit list), with and without decoder threads; streams it cannot vouch for are decoded sequentially;
+a stream holding fewer frames than counted is a ``media_mismatch``."""
+
+from __future__ import annotations
+
+import io
+
+import av
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from energon_pack.errors import BadSampleError
+from energon_pack.qwen import frames as frames_module
+from energon_pack.qwen.frames import StreamIndex, sampled_frames
+from energon_pack.qwen.media import probe_video
+from tests.support.hf_reference import decoded_video
+from tests.support.real_corpus import SEEK_CORPUS, SEEK_FRAMES
+
+#: Sampled frame sets: sparser than keyframes (seeks), dense (decode through), the last frame alone.
+INDEX_SETS = ([0, 20, 40, 59], [0, 13, 26, 39, 52, 59], [59], [3, 12, 21, 30, 39, 48, 57], list(range(0, 60, 2)))
+
+
+@pytest.fixture(scope="module")
+def seek_corpus() -> dict[str, tuple[bytes, np.ndarray]]:
+    """Name -> (bytes, every frame of a sequential PyAV decode)."""
+    clips = {}
+    for item in SEEK_CORPUS:
+        data = item.make()
+        clips[item.name] = (data, decoded_video(data)[0])
+    return clips
+
+
+def _decode(data: bytes, indices: list[int], total: int, **kwargs) -> tuple[np.ndarray, list[int]]:
+    """(frames by position, positions in the order yielded)."""
+    out, order = {}, []
+    for position, frame in sampled_frames(data, indices, total, **kwargs):
+        out[position] = frame.to_ndarray(format="rgb24")
+        order.append(position)
+    return np.stack([out[p] for p in range(len(indices))]), order
+
+
+@pytest.mark.parametrize("item", [item.name for item in SEEK_CORPUS])
+def test_seeking_gives_the_sequential_frames(seek_corpus, item, monkeypatch) -> None:
+    data, every = seek_corpus[item]
+    total = probe_video(data).num_frames
+    assert total == len(every) == SEEK_FRAMES - (5 if item == "editlist.mp4" else 0)
+    with av.open(io.BytesIO(data)) as container:
+        index = StreamIndex.scan(container, container.streams.video[0], total)
+    assert index.frame_pts is not None and len(index.keyframes) >= 7, item  # seekable, a keyframe every 8
+    fallbacks = []
+    sequential = frames_module._sequential
+    monkeypatch.setattr(frames_module, "_sequential", lambda *a: fallbacks.append(a) or sequential(*a))
+    for indices in INDEX_SETS:
+        indices = [min(i, total - 1) for i in indices]
+        indices = sorted(set(indices))
+        for threads in (1, 3):
+            got, order = _decode(data, indices, total, threads=threads)
+            np.testing.assert_array_equal(got, every[indices], err_msg=f"{item} {indices} threads={threads}")
+            assert order == list(range(len(indices)))
+    # Every corpus stream is sought exactly: none fell back to the sequential decode when seeking paid.
+    assert not [a for a in fallbacks if StreamIndex.worth_seeking(index, a[1])], item
+
+
+def test_sampled_frames_sparser_than_keyframes_are_sought(seek_corpus, monkeypatch) -> None:
+    """With a keyframe every 8 frames and 4 sampled frames of 60, the decoder seeks for frames 20, 40
+    and 59 (landing past what it decoded) instead of decoding through; dense frames never seek."""
+    data, _ = seek_corpus["h264.mkv"]
+    landings = []
+    seek = frames_module._seek
+
+    def recording(*args, **kwargs):
+        demuxer, landing = seek(*args, **kwargs)
+        landings.append((kwargs["after"], landing))
+        return demuxer, landing
+
+    monkeypatch.setattr(frames_module, "_seek", recording)
+    list(sampled_frames(data, [0, 20, 40, 59], SEEK_FRAMES))
+    assert len(landings) == 3 and all(after < landing for after, landing in landings)
+    landings.clear()
+    list(sampled_frames(data, list(range(0, 60, 2)), SEEK_FRAMES))
+    assert landings == []
+
+
+def test_a_stream_with_fewer_frames_than_counted_is_a_media_mismatch(seek_corpus) -> None:
+    data, every = seek_corpus["h264.mkv"]
+    with pytest.raises(BadSampleError) as error:
+        list(sampled_frames(data, [0, 20, 40, 60], SEEK_FRAMES + 1))
+    assert error.value.reason == "media_mismatch"
+    cut = data[: len(data) * 2 // 3]  # the file ends early: later frames are missing
+    with pytest.raises(BadSampleError) as error:
+        list(sampled_frames(cut, [0, 20, 40, 59], SEEK_FRAMES))
+    assert error.value.reason in ("media_mismatch", "corrupt_video")
+
+
+def test_without_seeking_every_frame_is_decoded_and_counted(seek_corpus) -> None:
+    data, every = seek_corpus["hevc.mp4"]
+    got, _ = _decode(data, [0, 59], SEEK_FRAMES, seek=False)
+    np.testing.assert_array_equal(got, every[[0, 59]])
+    with pytest.raises(BadSampleError, match="media_mismatch"):
+        list(sampled_frames(data, [0], SEEK_FRAMES + 1, seek=False))
+
+
+@settings(max_examples=40, deadline=None)
+@given(gop=st.integers(1, 12), frames=st.integers(2, 80), data=st.data())
+def test_seek_point_is_the_last_keyframe_at_or_before_the_frame(gop, frames, data) -> None:
+    """Without reordering (pts = decode order), the seek point of frame i is the keyframe i - i % gop."""
+    packets = tuple((i * 10, i * 10, i % gop == 0, False) for i in range(frames))
+    index = StreamIndex(packets=packets, frame_pts=tuple(p[0] for p in packets), frame_packet=tuple(range(frames)),
+                        keyframes=tuple(i for i in range(frames) if i % gop == 0))
+    frame = data.draw(st.integers(0, frames - 1))
+    assert index.seek_point(frame) == frame - frame % gop
+    assert index.worth_seeking([frame]) == (frame - frame % gop + 1 > frames_module.MIN_SKIPPED_PACKETS)

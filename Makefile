@@ -63,9 +63,13 @@ demo: install
 	$(VENV)/bin/energon-pack demo
 
 # Test processes (pytest-xdist): units of work are test files, the golden mix and each notebook,
-# the long ones first (tests/support/scheduling.py). TEST_PROCESSES=0 runs in this process.
+# the long ones first (tests/support/scheduling.py). TEST_PROCESSES=0 runs in this process. Each
+# test process (and the compatibility run beside them) computes with TEST_THREADS torch/OpenMP
+# threads: on two cores, more threads than cores only wait for each other.
 TEST_PROCESSES ?= 2
-PYTEST := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest --durations=15 -n $(TEST_PROCESSES)
+TEST_THREADS ?= 1
+TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=$(TEST_THREADS)
+PYTEST := $(TEST_ENV) $(PY) -m pytest --durations=15 -n $(TEST_PROCESSES)
 
 # The compatibility run has its own venv and runs beside the main suite's processes, its output kept
 # in .test-compat.log and printed after the main suite's; `make test` fails when either fails.
@@ -87,7 +91,7 @@ test-profile: install-test
 test-compat:
 	@if [ -n "$(PYTHON312)" ] && "$(PYTHON312)" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
 		$(MAKE) --no-print-directory $(COMPAT_VENV)/.installed PYTHON312="$(PYTHON312)" && \
-		HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ENERGON_PACK_GOLDEN_FRACTION=$(COMPAT_GOLDEN_FRACTION) \
+		$(TEST_ENV) ENERGON_PACK_GOLDEN_FRACTION=$(COMPAT_GOLDEN_FRACTION) \
 			$(COMPAT_PY) -m pytest --durations=10 $(COMPAT_TESTS); \
 	else \
 		echo "SKIPPED the compatibility run (Python 3.12, transformers 5.12.1, Megatron-Bridge 0.6.2):" \

@@ -46,6 +46,7 @@ def _fields(parts: dict, field_map: dict = PICKLED_MAP) -> dict:
     return bridge_fields(parts, field_map=field_map)
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 def test_reading_a_bridge_dataset_never_imports_megatron_bridge(tmp_path):
     """In a fresh interpreter (Bridge may be installed there or not): its modules stay unimported."""
     import subprocess

@@ -506,6 +506,7 @@ def test_bench_preencode_reports_side_by_side(tmp_path, monkeypatch, capsys):
 # --- vision tokens never carry loss -----------------------------------------------------------
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 @pytest.mark.parametrize("family", sorted(PROCESSOR_FIXTURES))
 def test_media_in_an_assistant_turn_carries_no_loss(family, request):
     """Image and video spans (pads, start/end markers, Qwen3-VL frame timestamps) in an assistant

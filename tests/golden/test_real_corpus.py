@@ -96,6 +96,7 @@ def check_segments_equal_hf(processor: Any, samples: dict[str, QwenVLChatSample]
     return media
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 @pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl", "qwen3.5"])
 def test_every_segment_equals_the_hf_reference(corpus, family: str, request: pytest.FixtureRequest) -> None:
     """Videos go through the streaming path (frames resized one by one as decoded, ``VideoPatcher``)

@@ -128,6 +128,7 @@ def test_best_fit_decreasing_gives_the_reference_bins(case):
     assert best_fit_decreasing(lengths, budget, **counts) == reference.best_fit_decreasing(lengths, budget, **counts)
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 @settings(max_examples=400, deadline=None)
 @given(reference_cases(limits=False), st.sampled_from([0.5, 0.9, 0.97, 1.0]))
 def test_plan_rows_gives_the_reference_rows_token_only(case, min_fill):
@@ -135,6 +136,7 @@ def test_plan_rows_gives_the_reference_rows_token_only(case, min_fill):
     assert plan_rows(lengths, budget, min_fill=min_fill) == reference.plan_rows(lengths, budget, min_fill=min_fill)
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 @settings(max_examples=200, deadline=None)
 @given(reference_cases(limits=True), st.sampled_from([0.5, 0.97]))
 def test_plan_rows_gives_the_reference_rows_with_vision_and_media_limits(case, min_fill):

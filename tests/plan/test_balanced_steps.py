@@ -74,6 +74,7 @@ def loaders(dataset, processor, plan, *, dp: int, micro: int, **overrides: Any) 
     return [get_packing_loader(dataset, config, processor, plan=plan, rank=r, world_size=dp) for r in range(dp)]
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 def test_balanced_plan_keeps_the_rows_and_old_digests(plans) -> None:
     plain, balanced = plans
     assert plain.row_flops is None and balanced.row_flops is not None

@@ -33,6 +33,7 @@ def facts_dataset(tmp_path_factory, processor):
     return root / "ds"
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 @pytest.mark.parametrize(
     "overrides",
     [dict(seq_length=2048), dict(seq_length=1024, on_overlong="shrink"),
@@ -228,6 +229,7 @@ def test_processor_key_follows_the_processor_files(processor, tmp_path):
     assert processor_key("NoSuchOrg/no-such-model") is None
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 def test_folder_processor_card_matches_its_fingerprint(processor, tmp_path, card_cache):
     from energon_pack.qwen.processor import load_processor
 
@@ -267,6 +269,7 @@ def test_local_split_is_energons(facts_dataset, tmp_path):
     assert local_split("msc://profile/ds", "train") is None
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 def test_inspect_and_simulate_read_facts(facts_dataset, processor):
     from energon_pack.cli.simulate import dataset_mix
     from energon_pack.data.inspect_dataset import prepared_samples, summarize_with_source

@@ -103,6 +103,7 @@ def test_load_processor_from_a_saved_directory(processor, tmp_path):
     assert reloaded.tokenizer.convert_tokens_to_ids("<|video_pad|>") == 151656
 
 
+@pytest.mark.slow  # more than ~3 s: make test runs it, make test-fast leaves it out
 def test_rope_constants_come_from_the_model_config_next_to_the_processor(processor, tmp_path):
     from transformers import Qwen2_5_VLConfig
 

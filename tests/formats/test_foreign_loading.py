@@ -16,7 +16,7 @@ import pytest
 
 from energon_pack.loader import get_packing_loader
 from tests.support.bridge_datasets import PICKLED_YAML, frame_list, pickled_samples, write_bridge_dataset
-from tests.support.loader_runs import full_run, make_config, row_digest
+from tests.support.loader_runs import EAGER, full_run, make_config, row_digest
 
 # Slow: real Energon loaders (worker processes).
 pytestmark = pytest.mark.slow
@@ -71,18 +71,20 @@ def test_every_sample_arrives_once_or_is_counted_by_reason(bridge_dataset, proce
 
 
 def test_restore_continues_with_identical_rows_on_a_bridge_dataset(bridge_dataset, processor):
+    """Workers checkpoint after every sample (``EAGER``): the non-eager path's replay from an older
+    checkpoint is tested on our format (``tests/loader/test_loader_resume.py``)."""
     path, _, _ = bridge_dataset
     config = make_config(2, buffer_size=3, seq_length=160)
-    reference, _ = full_run(path, processor, config)
+    reference, _ = full_run(path, processor, config, **EAGER)
     assert len(reference) >= 3
     for save_after in (1, len(reference) - 1):
-        loader = get_packing_loader(path, config, processor)
+        loader = get_packing_loader(path, config, processor, **EAGER)
         iterator = iter(loader)
         for _ in range(save_after):
             next(iterator)
         state = pickle.loads(pickle.dumps(loader.save_state_rank()))
         del iterator, loader
-        resumed = get_packing_loader(path, config, processor)
+        resumed = get_packing_loader(path, config, processor, **EAGER)
         resumed.restore_state_rank(state)
         assert [row_digest(row) for row in resumed] == reference[save_after:], f"save after row {save_after}"
 

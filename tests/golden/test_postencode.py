@@ -45,7 +45,6 @@ from tests.support.golden_media import (
     GOLDEN_MIX_SEED,
     chat_sample,
     golden_count,
-    golden_samples,
     make_video,
 )
 from tests.support.hf_reference import PROCESSOR_FIXTURES, hf_reference
@@ -75,12 +74,12 @@ def _max_abs_diff(ours: torch.Tensor | None, reference: torch.Tensor | None) -> 
 
 
 @pytest.fixture(scope="module", params=sorted(MIX_SIZES))
-def golden_mix(request: pytest.FixtureRequest) -> tuple[str, Any, list[Any], list[PreparedSample]]:
+def golden_mix(request: pytest.FixtureRequest, golden_references) -> tuple[str, Any, list[Any], list[PreparedSample]]:
     """(processor fixture, processor, golden samples, preencoded samples) of one family's mix."""
     family = request.param
     fixture = PROCESSOR_FIXTURES[family]
     processor = request.getfixturevalue(fixture)
-    samples = golden_samples(golden_count(MIX_SIZES[family]), GOLDEN_MIX_SEED, family=family)
+    samples = golden_references.samples(golden_count(MIX_SIZES[family]), GOLDEN_MIX_SEED, family)
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=ROW_WIDTH), processor)
     prepared = [encoder.preencode_sample(chat_sample(golden, f"g{index:04d}")) for index, golden in enumerate(samples)]
     return fixture, processor, samples, prepared

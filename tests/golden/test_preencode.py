@@ -169,12 +169,12 @@ def image_format(data: bytes) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("run", sorted(GOLDEN_RUNS))
 def test_preencode_equals_hf_processor(run, request, golden_references):
-    """Token for token on the golden mix (the postencode golden test's samples: the HF processor
-    runs once per sample for both, ``golden_references``)."""
+    """Token for token on the golden mix (the postencode golden test's samples: they are generated
+    and the HF processor runs once per sample for both, ``golden_references``)."""
     family, fixture, count = GOLDEN_RUNS[run]
     processor = request.getfixturevalue(fixture)
     encoder = task_encoder(processor)
-    samples = golden_samples(golden_count(count), seed=GOLDEN_MIX_SEED, family=family)
+    samples = golden_references.samples(golden_count(count), GOLDEN_MIX_SEED, family)
     for index, golden in enumerate(samples):
         prepared = encoder.preencode_sample(chat_sample(golden, f"golden{index}"))
         reference = golden_references.tokens(fixture, GOLDEN_MIX_SEED, index, processor, golden)

@@ -101,7 +101,19 @@ class GoldenReferences:
 
     def __init__(self) -> None:
         self._tokens: dict[tuple[str, int, int], dict[str, Any]] = {}
+        self._mixes: dict[tuple[int, str], list[Any]] = {}
         self.processor_runs = 0
+
+    def samples(self, n: int, seed: int, family: str) -> list[Any]:
+        """``golden_samples(n, seed, family=family)``, generated once per mix: the longest list made so
+        far is kept and a shorter one is its prefix (mixes are prefix-stable). Example: 500 samples,
+        then 300 of the same mix -> the first 300 of the 500, nothing encoded again."""
+        from tests.support.golden_media import golden_samples
+
+        kept = self._mixes.get((seed, family), [])
+        if len(kept) < n:
+            kept = self._mixes[(seed, family)] = golden_samples(n, seed, family=family)
+        return kept[:n]
 
     def full(self, fixture: str, seed: int, index: int, processor: Any, golden: Any) -> Any:
         """The whole reference (``hf_reference``) of golden sample ``index`` of mix ``seed``."""

@@ -16,7 +16,7 @@ import pytest
 
 from energon_pack.loader import get_packing_loader
 from tests.support.bridge_datasets import PICKLED_YAML, frame_list, pickled_samples, write_bridge_dataset
-from tests.support.loader_runs import EAGER, full_run, make_config, row_digest
+from tests.support.loader_runs import EAGER, full_run, make_config, rows_after_resume
 
 # Slow: real Energon loaders (worker processes).
 pytestmark = pytest.mark.slow
@@ -78,15 +78,8 @@ def test_restore_continues_with_identical_rows_on_a_bridge_dataset(bridge_datase
     reference, _ = full_run(path, processor, config, **EAGER)
     assert len(reference) >= 3
     for save_after in (1, len(reference) - 1):
-        loader = get_packing_loader(path, config, processor, **EAGER)
-        iterator = iter(loader)
-        for _ in range(save_after):
-            next(iterator)
-        state = pickle.loads(pickle.dumps(loader.save_state_rank()))
-        del iterator, loader
-        resumed = get_packing_loader(path, config, processor, **EAGER)
-        resumed.restore_state_rank(state)
-        assert [row_digest(row) for row in resumed] == reference[save_after:], f"save after row {save_after}"
+        rows = rows_after_resume(path, processor, config, save_after, **EAGER)
+        assert rows == reference[save_after:], f"save after row {save_after}"
 
 
 def test_a_metadataset_blends_ours_and_a_bridge_dataset(bridge_dataset, synthetic_dataset, processor, tmp_path):

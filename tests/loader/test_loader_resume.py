@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pickle
 
 import pytest
 
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
-from tests.support.loader_runs import EAGER, W, full_run, full_run_with_pending, make_config, row_digest
+from tests.support.loader_runs import EAGER, W, full_run, full_run_with_pending, make_config, row_digest, rows_after_resume
 
 # Slow: real Energon loaders (worker processes, whole epochs).
 pytestmark = pytest.mark.slow
@@ -55,15 +54,8 @@ def test_restore_continues_with_identical_rows(dataset, processor, num_workers, 
     with_pending = [i + 1 for i, count in enumerate(pending) if count > 0]
     assert with_pending, "no row boundary has pending groups: the test would not exercise them"
     for save_after in sorted({1, with_pending[0], with_pending[-1], len(reference) - 1}):
-        loader = get_packing_loader(dataset, config, processor, **kwargs)
-        iterator = iter(loader)
-        for _ in range(save_after):
-            next(iterator)
-        state = pickle.loads(pickle.dumps(loader.save_state_rank()))
-        del iterator, loader
-        resumed = get_packing_loader(dataset, config, processor, **kwargs)
-        resumed.restore_state_rank(state)
-        assert [row_digest(row) for row in resumed] == reference[save_after:], f"save after row {save_after}"
+        rows = rows_after_resume(dataset, processor, config, save_after, **kwargs)
+        assert rows == reference[save_after:], f"save after row {save_after}"
 
 
 @pytest.mark.parametrize("rank", [0, 1])

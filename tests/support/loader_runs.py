@@ -4,6 +4,7 @@ whole-epoch runs and the packing-stage states inside a saved loader state."""
 from __future__ import annotations
 
 import hashlib
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +56,20 @@ def full_run_with_pending(path, processor, config, **kwargs) -> tuple[list, list
         rows.append(row_digest(row))
         pending.append(row["__stats__"]["pending_samples"])
     return rows, pending, loader.stats()
+
+
+def rows_after_resume(path, processor, config, save_after: int, **kwargs) -> list:
+    """Row digests of a fresh loader restored from the (pickled) state saved after row
+    ``save_after`` of another: what a restarted job reads from there to the end of the epoch."""
+    loader = get_packing_loader(path, config, processor, **kwargs)
+    iterator = iter(loader)
+    for _ in range(save_after):
+        next(iterator)
+    state = pickle.loads(pickle.dumps(loader.save_state_rank()))
+    del iterator, loader
+    resumed = get_packing_loader(path, config, processor, **kwargs)
+    resumed.restore_state_rank(state)
+    return [row_digest(row) for row in resumed]
 
 
 def packing_stages(state: PackingLoaderState) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,63 @@
+"""The test suite's own machinery (``tests/support``): units of work and their order for the two
+test processes, the per-folder timing table, and the golden references shared by two tests."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from tests.support import hf_reference
+from tests.support.folder_times import FolderTimes, folder_of
+from tests.support.scheduling import collection_order, unit_of
+
+
+def test_units_are_files_except_the_golden_mix_and_each_notebook():
+    assert unit_of("tests/qwen/test_rope.py::test_x[a]") == "tests/qwen/test_rope.py"
+    assert unit_of("tests/golden/test_preencode.py::t") == unit_of("tests/golden/test_postencode.py::u") == "golden-mix"
+    notebook = "tests/tutorials/test_notebooks.py::test_notebook_runs[01_quickstart.ipynb]"
+    assert unit_of(notebook) == notebook
+
+
+def test_long_folders_come_first_and_postencode_before_preencode():
+    ids = ["tests/qwen/test_rope.py::a", "tests/golden/test_preencode.py::b", "tests/data/test_prepare.py::c",
+           "tests/golden/test_postencode.py::d", "tests/loader/test_soak.py::e"]
+    assert sorted(ids, key=collection_order) == [
+        "tests/golden/test_postencode.py::d", "tests/golden/test_preencode.py::b", "tests/loader/test_soak.py::e",
+        "tests/data/test_prepare.py::c", "tests/qwen/test_rope.py::a"]
+
+
+def test_folder_times_sum_every_phase_and_count_each_test_once():
+    times = FolderTimes()
+    for nodeid, when, seconds in [("tests/qwen/test_a.py::x", "setup", 1.0), ("tests/qwen/test_a.py::x", "call", 2.0),
+                                  ("tests/qwen/test_a.py::x", "teardown", 0.5), ("tests/cli/test_b.py::y", "call", 1.5)]:
+        times.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, when=when, duration=seconds, skipped=False))
+    assert folder_of("tests/qwen/test_a.py::x") == "tests/qwen"
+    header, first, second, total = times.table()
+    assert first.split() == ["tests/qwen", "1", "3.5", "70.0%"] and second.split()[:3] == ["tests/cli", "1", "1.5"]
+    assert total.split()[:3] == ["total", "2", "5.0"]
+
+
+def test_golden_references_run_the_processor_once_per_sample(monkeypatch):
+    calls = []
+
+    def fake_reference(processor, messages, images, videos):
+        calls.append(messages)
+        return {"input_ids": len(calls), "pixel_values": "big"}
+
+    monkeypatch.setattr(hf_reference, "hf_reference", fake_reference)
+    references = hf_reference.GoldenReferences()
+    golden = SimpleNamespace(messages="m", images=[], videos=[])
+    assert references.full("processor", 7, 3, None, golden)["pixel_values"] == "big"
+    assert references.tokens("processor", 7, 3, None, golden) == {"input_ids": 1}  # kept: no second run
+    assert references.tokens("processor_qwen3", 7, 3, None, golden) == {"input_ids": 2, "pixel_values": "big"}
+    assert len(calls) == references.processor_runs == 2
+
+
+def test_golden_mixes_are_generated_once_and_shorter_ones_are_prefixes(monkeypatch):
+    from tests.support import golden_media
+
+    made = []
+    monkeypatch.setattr(golden_media, "golden_samples", lambda n, seed, family: made.append(n) or list(range(n)))
+    references = hf_reference.GoldenReferences()
+    assert references.samples(5, 1, "qwen3-vl") == [0, 1, 2, 3, 4]
+    assert references.samples(3, 1, "qwen3-vl") == [0, 1, 2] and made == [5]
+    assert references.samples(6, 1, "qwen3-vl") == list(range(6)) and made == [5, 6]

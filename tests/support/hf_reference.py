@@ -35,13 +35,24 @@ from energon_pack.qwen.geometry import VisionSpec, sample_frame_indices
 PROCESSOR_FIXTURES = {"qwen2.5-vl": "processor", "qwen3-vl": "processor_qwen3", "qwen3.5": "processor_qwen35"}
 
 
-def decoded_video(data: bytes) -> tuple[np.ndarray, float]:
-    """Every frame of the first video stream as RGB uint8 [T, H, W, 3], and its average rate (frames/s)."""
+def decoded_frames(data: bytes) -> tuple[list[av.VideoFrame], float]:
+    """Every decoded frame of the first video stream, not yet converted to RGB (T frames), and the
+    stream's average rate (frames/s). Converting only the frames one needs is most of the saving:
+    a 185-frame clip decodes in a tenth of the time its 185 RGB conversions take."""
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.video[0]
-        rate = float(stream.average_rate)
-        frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(stream)])
-    return frames, rate
+        return list(container.decode(stream)), float(stream.average_rate)
+
+
+def rgb_frames(frames: list[av.VideoFrame]) -> np.ndarray:
+    """Decoded frames as RGB uint8 [T, H, W, 3]."""
+    return np.stack([frame.to_ndarray(format="rgb24") for frame in frames])
+
+
+def decoded_video(data: bytes) -> tuple[np.ndarray, float]:
+    """Every frame of the first video stream as RGB uint8 [T, H, W, 3], and its average rate (frames/s)."""
+    frames, rate = decoded_frames(data)
+    return rgb_frames(frames), rate
 
 
 def upright_image(data: bytes) -> Image.Image:
@@ -72,9 +83,9 @@ def hf_reference(
             spec = dataclasses.replace(spec, max_frames=max_frames)
         clips, metadata = [], []
         for data in videos:
-            frames, rate = decoded_video(data)
+            frames, rate = decoded_frames(data)
             indices = sample_frame_indices(len(frames), rate, spec)
-            clips.append(frames[indices])
+            clips.append(rgb_frames([frames[index] for index in indices]))
             metadata.append(VideoMetadata(total_num_frames=len(frames), fps=rate, frames_indices=list(indices)))
         call.update(videos=clips, video_metadata=metadata, do_sample_frames=False)
     return processor(

@@ -49,6 +49,7 @@ from tests.support.golden_media import (
 )
 from tests.support.hf_reference import PROCESSOR_FIXTURES, hf_reference
 from tests.support.real_corpus import trimmed_mp4
+from tests.support.tensor_checks import max_abs_difference
 
 #: Samples per family's mix; only full-size mixes are checked for coverage (big images, videos).
 MIX_SIZES = {"qwen2.5-vl": 500, "qwen3-vl": 500, "qwen3.5": 24}
@@ -67,10 +68,7 @@ def _max_abs_diff(ours: torch.Tensor | None, reference: torch.Tensor | None) -> 
     assert (ours is None) == (reference is None), f"one side lacks the tensor: {ours is None=} {reference is None=}"
     if ours is None:
         return 0.0
-    assert ours.shape == reference.shape, f"shape {tuple(ours.shape)} != reference {tuple(reference.shape)}"
-    if ours.numel() == 0 or torch.equal(ours, reference):
-        return 0.0
-    return float((ours.double() - reference.double()).abs().max())
+    return max_abs_difference(ours, reference)
 
 
 @pytest.fixture(scope="module", params=sorted(MIX_SIZES))

@@ -26,6 +26,7 @@ from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from tests.support.hf_reference import hf_reference
 from tests.support.real_corpus import CORPUS, HUGE, write_corpus
+from tests.support.tensor_checks import max_abs_difference
 
 TOLERANCE = 1e-6
 ROW_WIDTH = 1 << 16  # every corpus sample fits: nothing is overlong
@@ -88,7 +89,7 @@ def check_segments_equal_hf(processor: Any, samples: dict[str, QwenVLChatSample]
             if ours is None:
                 continue
             assert ours.dtype == torch.float32 and torch.equal(ours, theirs), (key, name)
-            assert float((normalised[name].double() - theirs.double()).abs().max()) <= TOLERANCE, (key, name)
+            assert max_abs_difference(normalised[name], theirs) <= TOLERANCE, (key, name)
         if "second_per_grid_ts" in reference:  # Qwen2.5-VL only
             seconds = torch.tensor(prepared.second_per_grid_ts, dtype=reference["second_per_grid_ts"].dtype)
             assert torch.equal(seconds, reference["second_per_grid_ts"]), key

@@ -1,13 +1,18 @@
 """The test suite's own machinery (``tests/support``): units of work and their order for the two
-test processes, the per-folder timing table, and the golden references shared by two tests."""
+test processes, the per-folder timing table, the golden references shared by two tests and the
+large-tensor comparison."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+import torch
+
 from tests.support import hf_reference
 from tests.support.folder_times import FolderTimes, folder_of
 from tests.support.scheduling import collection_order, unit_of
+from tests.support.tensor_checks import max_abs_difference
 
 
 def test_units_are_files_except_the_golden_mix_and_each_notebook():
@@ -61,3 +66,15 @@ def test_golden_mixes_are_generated_once_and_shorter_ones_are_prefixes(monkeypat
     assert references.samples(5, 1, "qwen3-vl") == [0, 1, 2, 3, 4]
     assert references.samples(3, 1, "qwen3-vl") == [0, 1, 2] and made == [5]
     assert references.samples(6, 1, "qwen3-vl") == list(range(6)) and made == [5, 6]
+
+
+def test_max_abs_difference_reads_like_float64_without_its_copies():
+    assert max_abs_difference(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5])) == 0.5
+    assert max_abs_difference(torch.zeros(0, 3), torch.zeros(0, 3)) == 0.0
+    generator = torch.Generator().manual_seed(0)
+    ours = torch.rand(1000, 64, generator=generator) * 4 - 2
+    reference = ours + (torch.rand(1000, 64, generator=generator) - 0.5) * 4e-6
+    exact = float((ours.double() - reference.double()).abs().max())
+    assert abs(max_abs_difference(ours, reference) - exact) <= exact * 2**-23
+    with pytest.raises(AssertionError, match="shape"):
+        max_abs_difference(torch.zeros(2, 3), torch.zeros(3, 2))

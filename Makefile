@@ -40,9 +40,10 @@ $(VENV)/.installed: $(PY) pyproject.toml $(CONSTRAINTS)
 	$(PIP) install --quiet -e ".[plot]" -c $(CONSTRAINTS)
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
+# One pip run for a new test environment (the demo's packages are a subset of it).
+$(VENV)/.installed-test: $(PY) pyproject.toml $(CONSTRAINTS)
 	$(PIP) install --quiet -e ".[test,plot]" -c $(CONSTRAINTS)
-	touch $@
+	touch $(VENV)/.installed $@
 
 # Bridge and Megatron-Core come without their dependencies (CUDA-only builds); their training-step
 # modules need only what the first line installs. torch comes from the package index here (a few

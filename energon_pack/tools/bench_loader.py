@@ -297,6 +297,8 @@ def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: boo
     try:
         for row in tqdm(make_loader(), desc=desc, unit="row", leave=False):
             figures.rows += 1
+            if sample_memory and figures.rows == 1:
+                sampler.sample()  # the workers are up now: a reading even if the epoch ends within one interval
             figures.samples += len(row["__keys__"])
             figures.keys.update(row["__keys__"])
             figures.real_tokens += int(row["cu_seqlens_q"][-1])

@@ -15,6 +15,7 @@ from energon_pack.tools.bench_loader import (
     WorkerMemorySampler,
     interleaved,
     loader_options,
+    measure_run,
     row_pixel_bytes,
     settings_of,
 )
@@ -61,6 +62,27 @@ def test_memory_sampler_sees_a_child_process_private_memory() -> None:
         done.set()
         child.join()
     assert sampler.peak_uss >= 64 * 2**20 and sampler.peak_rss >= sampler.peak_uss
+
+
+def _one_row_with_a_short_lived_worker():
+    """A loader stand-in: a worker process holding 64 MiB, one row, the worker gone before the end."""
+    context = multiprocessing.get_context("fork")
+    ready, done = context.Event(), context.Event()
+    child = context.Process(target=_hold_memory, args=(ready, done))
+    child.start()
+    try:
+        assert ready.wait(30)
+        yield {"__keys__": ["a"], "cu_seqlens_q": torch.tensor([0, 5]), "__stats__": {}}
+    finally:
+        done.set()
+        child.join()
+
+
+def test_an_epoch_shorter_than_one_sampling_interval_still_reads_its_workers(monkeypatch) -> None:
+    """Under load a one-row epoch can end before the sampler's first reading (both figures were 0)."""
+    monkeypatch.setattr(WorkerMemorySampler.__init__, "__defaults__", (3600.0,))
+    figures = measure_run(_one_row_with_a_short_lived_worker, "one row")
+    assert figures.rows == 1 and figures.peak_uss >= 64 * 2**20 and figures.peak_rss >= figures.peak_uss
 
 
 def test_loader_options_come_from_the_command_line() -> None:

@@ -73,10 +73,12 @@ TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=$(TEST_THREA
 PYTEST := $(TEST_ENV) $(PY) -m pytest --durations=15 -n $(TEST_PROCESSES)
 
 # The compatibility run has its own venv and runs beside the main suite's processes, its output kept
-# in .test-compat.log and printed after the main suite's; `make test` fails when either fails.
+# in .test-compat.log and printed after the main suite's; `make test` fails when either fails. The
+# suite reads nothing from the terminal (stdin /dev/null); a run in which no test finishes for
+# ENERGON_PACK_STALL_S seconds (default 1200) ends with its processes' stacks (tests/support/stall_watch.py).
 test: install-test
 	@$(MAKE) --no-print-directory test-compat > .test-compat.log 2>&1 & compat=$$!; \
-	$(PYTEST); main=$$?; \
+	$(PYTEST) < /dev/null; main=$$?; \
 	wait $$compat; status=$$?; \
 	echo "==== compatibility run (beside the main suite; exit $$status): .test-compat.log ===="; \
 	cat .test-compat.log; \

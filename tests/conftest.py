@@ -86,6 +86,28 @@ def pytest_configure(config):
         from tests.support.folder_times import FolderTimes
 
         config.pluginmanager.register(FolderTimes(), "folder-times")
+    _watch_for_a_stalled_run(config)
+
+
+def _watch_for_a_stalled_run(config) -> None:
+    """A run in which no test finishes for ``ENERGON_PACK_STALL_S`` seconds ends with the stacks of
+    its processes (``tests.support.stall_watch``); test processes dump theirs on SIGUSR1."""
+    import tempfile
+    from pathlib import Path
+
+    from tests.support import stall_watch
+
+    if hasattr(config, "workerinput"):
+        stacks_dir = os.environ.get(stall_watch.STACKS_DIR_VARIABLE)
+        if stacks_dir:
+            stall_watch.dump_stacks_on_sigusr1(Path(stacks_dir))
+        return
+    limit = stall_watch.stall_seconds()
+    if limit > 0:
+        stacks_dir = Path(tempfile.mkdtemp(prefix="energon-pack-stacks-"))
+        os.environ[stall_watch.STACKS_DIR_VARIABLE] = str(stacks_dir)  # inherited by the test processes
+        stream = os.fdopen(os.dup(2), "w", buffering=1)  # stderr itself, not pytest's capture of it
+        config.pluginmanager.register(stall_watch.StallWatch(limit, stacks_dir, stream), "stall-watch")
 
 
 def pytest_collection_modifyitems(config, items):

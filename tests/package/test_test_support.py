@@ -1,16 +1,23 @@
 """The test suite's own machinery (``tests/support``): units of work and their order for the two
-test processes, the per-folder timing table, the golden references shared by two tests and the
-large-tensor comparison."""
+test processes, the per-folder timing table, the golden references shared by two tests, the
+large-tensor comparison and the watch that ends a stalled run with its stacks."""
 
 from __future__ import annotations
 
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tests.support import hf_reference
+from tests.support import hf_reference, stall_watch
 from tests.support.folder_times import FolderTimes, folder_of
+from tests.support.paths import REPO
 from tests.support.scheduling import collection_order, unit_of
 from tests.support.tensor_checks import max_abs_difference
 
@@ -78,3 +85,62 @@ def test_max_abs_difference_reads_like_float64_without_its_copies():
     assert abs(max_abs_difference(ours, reference) - exact) <= exact * 2**-23
     with pytest.raises(AssertionError, match="shape"):
         max_abs_difference(torch.zeros(2, 3), torch.zeros(3, 2))
+
+
+def test_stall_limit_comes_from_the_environment():
+    assert stall_watch.stall_seconds({"ENERGON_PACK_STALL_S": "90"}) == 90.0
+    assert stall_watch.stall_seconds({}) == stall_watch.DEFAULT_STALL_S > 900  # above pytest-timeout's limit
+    with pytest.raises(ValueError, match="ENERGON_PACK_STALL_S='soon'"):
+        stall_watch.stall_seconds({"ENERGON_PACK_STALL_S": "soon"})
+
+
+def test_a_test_process_writes_its_stacks_on_sigusr1(tmp_path):
+    script = (
+        "import sys, time; from pathlib import Path; sys.path.insert(0, sys.argv[1])\n"
+        "from tests.support.stall_watch import dump_stacks_on_sigusr1\n"
+        "def stuck_in_native_code():\n"
+        "    print('ready', flush=True); time.sleep(60)\n"
+        "dump_stacks_on_sigusr1(Path(sys.argv[2])); stuck_in_native_code()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, str(REPO), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGUSR1)
+        stacks = tmp_path / f"{child.pid}.txt"
+        deadline = time.monotonic() + 30
+        while "stuck_in_native_code" not in (stacks.read_text() if stacks.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "stuck_in_native_code" in stacks.read_text()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_run_without_a_finished_test_ends_with_its_processes_and_stacks(tmp_path):
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "4242.txt").write_text('File "x.py", line 3 in stuck_here\n')
+    exits: list[int] = []
+    with open(tmp_path / "stderr.txt", "w+") as stream:  # a real file: faulthandler writes to its descriptor
+        watch = stall_watch.StallWatch(0.4, stacks, stream, exit=exits.append)
+        watch.pytest_sessionstart(None)
+        deadline = time.monotonic() + 30
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.05)
+    text = (tmp_path / "stderr.txt").read_text()
+    assert exits == [stall_watch.STALL_EXIT], text
+    assert "no test finished for" in text and "the run is stalled" in text
+    assert f"{os.getpid():>7}" in text  # the process table starts with the reporting process
+    assert "Python stacks of test process 4242" in text and "stuck_here" in text
+    assert "in _watch" in text  # the reporting process's own stacks, its watch thread among them
+
+
+def test_a_finished_test_keeps_the_run_alive(tmp_path):
+    stream, exits = io.StringIO(), []
+    watch = stall_watch.StallWatch(0.6, tmp_path, stream, exit=exits.append)
+    watch.pytest_sessionstart(None)
+    for _ in range(10):  # 1.5 s of tests finishing every 0.15 s
+        time.sleep(0.15)
+        watch.pytest_runtest_logreport(None)
+    watch.pytest_sessionfinish(None)
+    assert exits == [] and stream.getvalue() == "" and not tmp_path.exists()

@@ -77,6 +77,23 @@ def corrupt_dataset(tmp_path_factory):
     return make_synthetic_dataset(tmp_path_factory.mktemp("corrupt"), 40, seed=3, spec=spec, samples_per_shard=16)
 
 
+@pytest.fixture(autouse=True)
+def _scheduling_stays_normal():
+    """A test that leaves its process's main thread at another scheduling policy (SVT-AV1 leaves
+    real-time FIFO 99 behind when run as root, see ``tests.support.real_corpus.scheduling_kept``)
+    fails here and the policy is restored: at real-time priority two test processes can starve
+    every other process on a 2-core machine."""
+    policy, parameters = os.sched_getscheduler(0), os.sched_getparam(0)
+    yield
+    changed = (os.sched_getscheduler(0), os.sched_getparam(0))
+    if changed != (policy, parameters):
+        os.sched_setscheduler(0, policy, parameters)
+        pytest.fail(
+            f"the test left this process at scheduling policy {changed[0]} priority {changed[1].sched_priority} "
+            f"(it had {policy}); fix: encode with tests.support.real_corpus.scheduling_kept()"
+        )
+
+
 def pytest_addoption(parser):
     parser.addoption("--folder-times", action="store_true", help="print the seconds spent per test folder (make test-profile)")
 

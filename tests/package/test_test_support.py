@@ -1,6 +1,7 @@
 """The test suite's own machinery (``tests/support``): units of work and their order for the two
 test processes, the per-folder timing table, the golden references shared by two tests, the
-large-tensor comparison and the watch that ends a stalled run with its stacks."""
+large-tensor comparison, the watch that ends a stalled run with its stacks, and clip encoding
+that leaves the process's scheduling as it was."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from tests.support import hf_reference, stall_watch
 from tests.support.folder_times import FolderTimes, folder_of
 from tests.support.paths import REPO
+from tests.support.real_corpus import encode_clip, scheduling_kept
 from tests.support.scheduling import collection_order, unit_of
 from tests.support.tensor_checks import max_abs_difference
 
@@ -144,3 +146,13 @@ def test_a_finished_test_keeps_the_run_alive(tmp_path):
         watch.pytest_runtest_logreport(None)
     watch.pytest_sessionfinish(None)
     assert exits == [] and stream.getvalue() == "" and not tmp_path.exists()
+
+
+def test_an_av1_encode_leaves_the_scheduling_policy_as_it_was():
+    """SVT-AV1 run as root raises the encoding thread to real-time FIFO 99; ``encode_clip`` undoes it."""
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    data = encode_clip("mp4", "libsvtav1", size=(128, 64), options={"svtav1-params": "log-level=0"})
+    assert data[4:8] == b"ftyp" and (os.sched_getscheduler(0), os.sched_getparam(0)) == before
+    with scheduling_kept():
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # allowed without privileges
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before

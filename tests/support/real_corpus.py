@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -47,6 +49,24 @@ def _frame(index: int, width: int, height: int) -> np.ndarray:
     return frame
 
 
+@contextmanager
+def scheduling_kept() -> Iterator[None]:
+    """Restore the calling thread's scheduling policy and priority afterwards.
+
+    SVT-AV1 (``libsvtav1``) run as root leaves the thread that opened the encoder at real-time
+    priority (SCHED_FIFO 99), and threads created later inherit it. Two test processes in that
+    state spinning in libvpx's multi-threaded VP8 encoder took both cores and stalled the whole
+    run (``sched: RT throttling activated``). Example: ``with scheduling_kept(): encode AV1`` ->
+    ``os.sched_getscheduler(0)`` is SCHED_OTHER again.
+    """
+    policy, parameters = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, parameters):
+            os.sched_setscheduler(0, policy, parameters)
+
+
 def encode_clip(
     container_format: str,
     codec: str,
@@ -69,7 +89,7 @@ def encode_clip(
     """
     width, height = size
     buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format=container_format) as output:
+    with scheduling_kept(), av.open(buffer, mode="w", format=container_format) as output:
         stream = output.add_stream(codec, rate=fps, options=options or {})
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         if pts_ms is not None:

@@ -83,14 +83,15 @@ def _scheduling_stays_normal():
     real-time FIFO 99 behind when run as root, see ``tests.support.real_corpus.scheduling_kept``)
     fails here and the policy is restored: at real-time priority two test processes can starve
     every other process on a 2-core machine."""
-    policy, parameters = os.sched_getscheduler(0), os.sched_getparam(0)
+    from tests.support.real_corpus import restore_scheduling, thread_scheduling
+
+    saved = thread_scheduling()
     yield
-    changed = (os.sched_getscheduler(0), os.sched_getparam(0))
-    if changed != (policy, parameters):
-        os.sched_setscheduler(0, policy, parameters)
+    changed = restore_scheduling(saved)
+    if changed is not None:
         pytest.fail(
             f"the test left this process at scheduling policy {changed[0]} priority {changed[1].sched_priority} "
-            f"(it had {policy}); fix: encode with tests.support.real_corpus.scheduling_kept()"
+            f"(it had {saved[0]}); fix: encode with tests.support.real_corpus.scheduling_kept()"
         )
 
 

@@ -38,7 +38,8 @@ PROCESSOR_FIXTURES = {"qwen2.5-vl": "processor", "qwen3-vl": "processor_qwen3", 
 def decoded_frames(data: bytes) -> tuple[list[av.VideoFrame], float]:
     """Every decoded frame of the first video stream, not yet converted to RGB (T frames), and the
     stream's average rate (frames/s). Converting only the frames one needs is most of the saving:
-    a 185-frame clip decodes in a tenth of the time its 185 RGB conversions take."""
+    decoding took a fifth of the time the RGB conversions of every frame took (golden
+    mix references: 3.7 s against 16.7 s under cProfile)."""
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.video[0]
         return list(container.decode(stream)), float(stream.average_rate)

@@ -49,22 +49,37 @@ def _frame(index: int, width: int, height: int) -> np.ndarray:
     return frame
 
 
+def thread_scheduling() -> tuple[int, os.sched_param]:
+    """The calling thread's scheduling policy and priority. Example: -> ``(os.SCHED_OTHER, sched_param(0))``."""
+    return os.sched_getscheduler(0), os.sched_getparam(0)
+
+
+def restore_scheduling(saved: tuple[int, os.sched_param]) -> tuple[int, os.sched_param] | None:
+    """Put the calling thread back at ``saved`` (from :func:`thread_scheduling`); the policy it was
+    at when that changed anything, else None. Example: after an AV1 encode as root ->
+    ``(os.SCHED_FIFO, sched_param(99))``, and the thread is at ``saved`` again."""
+    current = thread_scheduling()
+    if current == saved:
+        return None
+    os.sched_setscheduler(0, *saved)
+    return current
+
+
 @contextmanager
 def scheduling_kept() -> Iterator[None]:
     """Restore the calling thread's scheduling policy and priority afterwards.
 
     SVT-AV1 (``libsvtav1``) run as root leaves the thread that opened the encoder at real-time
-    priority (SCHED_FIFO 99), and threads created later inherit it. Two test processes in that
-    state spinning in libvpx's multi-threaded VP8 encoder took both cores and stalled the whole
-    run (``sched: RT throttling activated``). Example: ``with scheduling_kept(): encode AV1`` ->
-    ``os.sched_getscheduler(0)`` is SCHED_OTHER again.
+    priority (SCHED_FIFO 99), and threads and processes started later inherit it. Two processes in
+    that state encoding VP8 clips take both cores: neither finished 20 clips in 90 s (7.3 s at
+    normal priority), and two test processes in that state stalled a whole run. Example:
+    ``with scheduling_kept(): encode AV1`` -> ``os.sched_getscheduler(0)`` is SCHED_OTHER again.
     """
-    policy, parameters = os.sched_getscheduler(0), os.sched_getparam(0)
+    saved = thread_scheduling()
     try:
         yield
     finally:
-        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, parameters):
-            os.sched_setscheduler(0, policy, parameters)
+        restore_scheduling(saved)
 
 
 def encode_clip(

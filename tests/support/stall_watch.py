@@ -76,9 +76,13 @@ def process_table(root_pid: int) -> list[str]:
 class StallWatch:
     """Ends a run in which no test has finished for ``stall_s`` seconds (see the module docstring)."""
 
-    def __init__(self, stall_s: float, stacks_dir: Path, stream: TextIO = sys.stderr, exit: Any = os._exit) -> None:
+    def __init__(
+        self, stall_s: float, stacks_dir: Path, stream: TextIO = sys.stderr, exit: Any = os._exit,
+        grace_s: float = DUMP_GRACE_S,
+    ) -> None:
         self.stall_s = stall_s
         self.stacks_dir = stacks_dir
+        self.grace_s = grace_s
         self._stream = stream
         self._exit = exit
         self._last = time.monotonic()
@@ -122,7 +126,7 @@ class StallWatch:
                     os.kill(int(line.split()[0]), signal.SIGUSR1)
                 except OSError:
                     continue
-        time.sleep(DUMP_GRACE_S if self._exit is os._exit else 0.5)
+        time.sleep(self.grace_s)
         for path in sorted(self.stacks_dir.glob("*.txt")):
             stacks = path.read_text(errors="replace").strip()
             if stacks:

@@ -19,7 +19,7 @@ import torch
 from tests.support import hf_reference, stall_watch
 from tests.support.folder_times import FolderTimes, folder_of
 from tests.support.paths import REPO
-from tests.support.real_corpus import encode_clip, scheduling_kept
+from tests.support.real_corpus import encode_clip, scheduling_kept, thread_scheduling
 from tests.support.scheduling import collection_order, unit_of
 from tests.support.tensor_checks import max_abs_difference
 
@@ -147,3 +147,13 @@ def test_a_finished_test_keeps_the_run_alive(tmp_path):
     assert watch.stalled_for() < 2.0 and exits == [] and stream.getvalue() == ""
     watch.pytest_sessionfinish(None)
     assert not tmp_path.exists()
+
+
+def test_an_av1_encode_leaves_the_scheduling_policy_as_it_was():
+    """SVT-AV1 run as root raises the encoding thread to real-time FIFO 99; ``encode_clip`` undoes it."""
+    before = thread_scheduling()
+    data = encode_clip("mp4", "libsvtav1", size=(128, 64), options={"svtav1-params": "log-level=0"})
+    assert data[4:8] == b"ftyp" and thread_scheduling() == before
+    with scheduling_kept():
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # allowed without privileges
+    assert thread_scheduling() == before

@@ -29,7 +29,9 @@ from megatron.energon import (
 
 from energon_pack.config import PackingConfig
 from energon_pack.identity import check_resume_fingerprint, dataset_config_fingerprint, resume_fingerprint
-from energon_pack.core.dataset_path import check_dataset_path
+from energon_pack.config.blend import weights_problem
+from energon_pack.core.dataset_path import METADATASET_SUFFIXES, as_dataset_path, check_dataset_path
+from energon_pack.errors import UsageError
 from energon_pack.formats.dispatch import reading_formats
 from energon_pack.formats.sample_mapping import SampleMapping, loader_sample_mapping, mapping_name, resolve_mapping
 from energon_pack.runtime.pinning import pin_only_with_accelerator
@@ -289,6 +291,30 @@ def _distributed_rank_info(
     return rank, world_size, None
 
 
+def check_blend_weights(path: Any, split: str) -> None:
+    """Raise ``UsageError`` (a ValueError) when a metadataset's ``blend`` weights for ``split`` are
+    negative, not finite or all 0 (Energon would divide by their sum or draw nonsense); nothing for
+    a dataset folder or a metadataset that is not readable here (Energon then reports it).
+
+    Example: a metadataset with ``blend: [{weight: 1, path: a}, {weight: -1, path: b}]`` -> UsageError
+    naming ``[1, -1]``, the rule and the fix.
+    """
+    import yaml
+
+    text = str(path)
+    if not text.lower().endswith(METADATASET_SUFFIXES):
+        return
+    try:
+        document = yaml.safe_load(as_dataset_path(path).read_text())
+        entries = document["splits"][split]["blend"]
+        weights = [entry.get("weight", 1.0) for entry in entries]
+    except Exception:  # not a weighted blend of this split, or not readable: Energon decides
+        return
+    problem = weights_problem(f"{text}: the blend weights of split {split!r}", weights)
+    if problem is not None:
+        raise UsageError(problem)
+
+
 def get_packing_loader(
     path: Any,
     config: PackingConfig,
@@ -324,6 +350,7 @@ def get_packing_loader(
     skipped as ``excluded``; a saved state resumes with them (docs/state_contract.md).
     """
     check_dataset_path(path, split=split)
+    check_blend_weights(path, split)
     rank, world_size, group = _distributed_rank_info(rank, world_size, data_parallel_group)
     if isinstance(exclude, str):
         raise TypeError(f"exclude={exclude!r}: pass a list of entries; fix: exclude=[{exclude!r}]")

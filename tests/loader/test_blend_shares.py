@@ -154,3 +154,18 @@ def test_blend_unit_on_a_plain_dataset_changes_nothing(blends, processor):
     with get_packing_loader(plain, config(blend_unit="tokens"), processor) as loader:
         assert [row_digest(row) for _, row in zip(range(6), loader)] == expected
         assert loader.stats()["sources"] == []
+
+
+def test_an_epochized_token_blend_spends_every_source_evenly(blends, processor):
+    path = write_blend(blends["two"].parent, "epochized", ["short", "long"], repetitions=[2, 1])
+    keys, rows = [], []
+    with get_packing_loader(str(path), config(blend_unit="tokens", repeat=False), processor) as loader:
+        for row in loader:
+            keys += [key.rsplit("/", 1)[-1] for key in row["__keys__"]]
+            rows += take_rows([row], 1)
+    short = sum(1 for key in keys if key.startswith("short-"))
+    assert short == 2 * 400 and len(keys) - short == 100  # every sample, repetitions included
+    whole = share(rows, "short")
+    half = len(rows) // 2
+    # The epoch's token shares hold in both halves: neither source is spent first.
+    assert abs(share(rows[:half], "short") - whole) <= 0.05 and abs(share(rows[half:], "short") - whole) <= 0.05

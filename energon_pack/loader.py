@@ -49,7 +49,7 @@ class BlendShareWarning(UserWarning):
 
 
 #: Rows after which (and every so many after) a sample blend's token shares are compared with its weights.
-BLEND_CHECK_ROWS = 64
+BLEND_CHECK_ROWS = 16
 #: A realized token share this many times above or below its weight's share is warned about (once).
 BLEND_WARN_RATIO = 2.0
 

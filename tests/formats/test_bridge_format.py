@@ -183,6 +183,33 @@ def test_a_bridge_sample_with_tools_gives_the_processor_ids_with_those_tools(pro
     assert len(reference["input_ids"][0]) > len(without["input_ids"][0])
 
 
+def test_bridge_turns_keep_their_tool_calls_and_tool_results(processor_qwen3):
+    """Bridge keeps every field of a turn (``cook_chatml_sample``): an assistant turn's ``tool_calls``
+    and a tool turn's ``name`` / ``tool_call_id`` reach the template, in ``from``/``value`` turns too;
+    our ids equal the processor's on those messages (the compatibility run checks Bridge's own)."""
+    from energon_pack.core.samples import QwenVLChatSample
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+
+    call = {"type": "function", "function": {"name": "zoom", "arguments": {"box": [1, 2, 3, 4]}}}
+    turns = [{"from": "human", "value": "Zoom on the cat."}, {"from": "gpt", "value": "", "tool_calls": [call]},
+             {"role": "tool", "name": "zoom", "tool_call_id": "c1", "content": "a grey cat"},
+             {"from": "gpt", "value": "A grey cat.", "reasoning_content": "It is grey."}]
+    fields = bridge_fields({"json": json.dumps({"conversations": turns, "tools": TOOLS}).encode()},
+                           field_map={"conversation": "json"})
+    assert fields["invalid_reason"] is None, fields["invalid_detail"]
+    assert fields["conversation"][1]["tool_calls"] == [call]
+    assert {k: fields["conversation"][2][k] for k in ("name", "tool_call_id")} == {"name": "zoom", "tool_call_id": "c1"}
+    sample = QwenVLChatSample(__key__="c", __restore_key__=(), __subflavors__=None, __sources__=None, **fields)
+    prepared = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096), processor_qwen3).preencode_sample(sample)
+    messages = [{"role": "user", "content": "Zoom on the cat."}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "zoom", "tool_call_id": "c1", "content": "a grey cat"},
+                {"role": "assistant", "content": "A grey cat."}]
+    reference = hf_reference(processor_qwen3, messages, [], [], tools=TOOLS)
+    assert prepared.skip_reason is None, prepared.skip_detail
+    assert torch.equal(prepared.input_ids, reference["input_ids"][0])
+    assert "<tool_call>" in processor_qwen3.tokenizer.decode(prepared.input_ids)
+
+
 def test_a_tools_member_wins_over_the_conversation_json_and_a_malformed_one_is_a_skip():
     field_map = {"conversation": "json", "tools": "tools.json"}
     other = [{"type": "function", "function": {"name": "other"}}]

@@ -324,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cost-model", default="qwen2.5-vl-7b", help="model the rows are costed with: preset name or config.json path"
     )
     steps.add_argument("--frozen-vision", action="store_true", help="cost the vision tower as frozen (forward only)")
+    steps.add_argument(
+        "--workers", type=int_at_least(1), default=2, help="DataLoader workers per rank of the online columns (Energon round-robins them)"
+    )
+    steps.add_argument(
+        "--window-rows", type=int_at_least(1), default=64, help="rows per worker window of online balanced rows (balance_window_rows)"
+    )
     simulate.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
     simulate.set_defaults(func=_cmd_simulate)
 

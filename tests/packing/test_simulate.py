@@ -292,3 +292,5 @@ def test_simulate_prints_the_step_imbalance_of_both_dealings(capsys):
     lines = [line.split() for line in out.splitlines() if line.split()[:1] in (["4"], ["8"])]
     assert [(line[0], line[1]) for line in lines] == [("4", "1"), ("4", "2"), ("8", "1"), ("8", "2")]
     assert all(float(line[6]) < float(line[3]) for line in lines)  # balanced mean below today's
+    assert "online balanced mean" in out
+    assert all(float(line[9]) < float(line[8]) for line in lines)  # online balanced below online today

@@ -47,6 +47,7 @@ from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError, TooManyBadSamplesError
+from energon_pack.packing.algorithms import PackItem
 from energon_pack.packing.budget import round_size, row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner, is_count, plan_state_problems, planned_indices
 from energon_pack.runtime.blend_stage import ShareBlendDataset, blend_source
@@ -115,6 +116,10 @@ class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
         """Hold ``sample`` under arrival index ``index``."""
         self._samples[index] = sample
         self._restore_keys[index] = get_sample_restore_key(sample)
+
+    def peek(self, index: int) -> PreparedSample:
+        """The sample of arrival index ``index`` (kept)."""
+        return self._samples[index]
 
     def pop(self, index: int) -> PreparedSample:
         """Remove and return the sample of arrival index ``index``."""
@@ -350,8 +355,12 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             self._stats.max_wait_rounds_seen = max(self._stats.max_wait_rounds_seen, waited)
         self._stats.rounds += 1
 
+    def _next_bin(self) -> list[PackItem] | None:
+        """The next ready bin to emit (the balanced stage, ``runtime/balanced_stage.py``, reorders them)."""
+        return self._planner.take_bin()
+
     def _emit_ready(self) -> Iterator[PackedRow]:
-        while (group := self._planner.take_bin()) is not None:
+        while (group := self._next_bin()) is not None:
             members = [(item, self._samples.pop(item.index)) for item in group]
             encoded, kept = [], []
             slots = self._pixel_slots([sample for _, sample in members])

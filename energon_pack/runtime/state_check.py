@@ -17,9 +17,12 @@ from megatron.energon.savable_loader import (
 )
 
 from energon_pack.packing.planner import is_count
+from energon_pack.runtime.balanced_stage import BalancedPackingDataset, balanced_state_problems
 from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, packing_state_problems
 
 _STAGE = PendingGroupPackingDataset.__name__
+#: The problems of each packing stage's saved state, by the class name Energon saves it under.
+_STAGE_PROBLEMS = {_STAGE: packing_state_problems, BalancedPackingDataset.__name__: balanced_state_problems}
 
 
 class InvalidLoaderStateError(ValueError):
@@ -29,7 +32,7 @@ class InvalidLoaderStateError(ValueError):
 def _stage_states(tree: Any) -> Iterator[Mapping[str, Any]]:
     """Every saved packing-stage state inside a worker's nested dataset state."""
     if isinstance(tree, Mapping):
-        if tree.get("__class__") == _STAGE:
+        if tree.get("__class__") in _STAGE_PROBLEMS:
             yield tree
         for value in tree.values():
             yield from _stage_states(value)
@@ -60,7 +63,8 @@ def _worker_problems(where: str, worker_state: Any, *, in_workers: bool, packing
             f"{where} holds {len(stages)} {_STAGE} states, this loader has {int(packing_stage)}: the state of "
             "another kind of loader (another packing mode, or not energon_pack)"
         ]
-    return problems + [f"{where} ({_STAGE}): {problem}" for stage in stages for problem in packing_state_problems(stage)]
+    return problems + [f"{where} ({stage['__class__']}): {problem}"
+                       for stage in stages for problem in _STAGE_PROBLEMS[stage["__class__"]](stage)]
 
 
 def energon_state_problems(

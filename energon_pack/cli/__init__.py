@@ -328,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int_at_least(1), default=2, help="DataLoader workers per rank of the online columns (Energon round-robins them)"
     )
     steps.add_argument(
-        "--window-rows", type=int_at_least(1), default=64, help="rows per worker window of online balanced rows (balance_window_rows)"
+        "--window-rows", type=int_at_least(1), default=None,
+        help="rows per worker window of online balanced rows (default: balance_window_rows' default, 128)"
     )
     simulate.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
     simulate.set_defaults(func=_cmd_simulate)

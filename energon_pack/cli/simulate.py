@@ -104,11 +104,12 @@ def print_step_table(samples: list[MixSample], source: str, args: argparse.Names
     except ValueError as err:
         raise UsageError(f"--cost-model {args.cost_model!r}: {err}") from None
     defaults = PackingPolicy()
+    window_rows = defaults.balance_window_rows if args.window_rows is None else args.window_rows
     try:
         table = step_balance_table(
             samples, cost_model=cost_model, width=args.seq_length, dps=args.dp, micro_batches=args.micro_batches,
             min_fill=defaults.min_fill, max_wait_rounds=defaults.max_wait_rounds,
-            window_steps=defaults.balance_window_steps, window_rows=args.window_rows, workers=args.workers,
+            window_steps=defaults.balance_window_steps, window_rows=window_rows, workers=args.workers,
         )
     except ValueError as err:  # too few samples for as many worker shards
         raise UsageError(f"--samples {len(samples)} with --dp {max(args.dp)} x --workers {args.workers}: {err}; "
@@ -121,7 +122,7 @@ def print_step_table(samples: list[MixSample], source: str, args: argparse.Names
     print("imbalance = slowest rank / mean rank cost of a step; today: plan rows, rank = position % dp; balanced: "
           f"balance_steps plan, cost windows of {defaults.balance_window_steps} steps, LPT dealing")
     print(f"online: each rank's own online rows, {args.workers} workers per rank read in turn, in planning order; "
-          f"online balanced: windows of {args.window_rows} rows per worker (rounded to whole steps) laid out by cost "
+          f"online balanced: windows of {window_rows} rows per worker (rounded to whole steps) laid out by cost "
           f"(balance_steps without a plan); online fill {first['online_fill']:.2%} either way (same rows)")
     print(format_table([
         {"DP": r["dp"], "micro-batches": r["micro"], "steps": r["steps"],

@@ -79,7 +79,7 @@ def online_balance(config: PackingConfig, bin_cost: Callable[[list[PreparedSampl
     """The window layout of an online loader with ``balance_steps`` (None without it, or in mode
     in_batch); a ValueError with the fix when ``micro_batches_per_step`` is missing.
 
-    Example: ``balance_steps=True, micro_batches_per_step=2`` -> ``OnlineBalance(window_rows=64, micro_batches=2, ...)``.
+    Example: ``balance_steps=True, micro_batches_per_step=2`` -> ``OnlineBalance(window_rows=128, micro_batches=2, ...)``.
     """
     policy = config.policy
     if not policy.balance_steps or policy.mode != "online":

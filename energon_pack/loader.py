@@ -360,6 +360,10 @@ def get_packing_loader(
     row, not one conversation). Other keyword arguments (``checkpoint_every_sec``,
     ``checkpoint_every_min_n_samples``, ...) go to Energon's ``SavableDataLoader``.
 
+    ``config.balance_steps`` without ``plan`` (with ``micro_batches_per_step``): each worker emits
+    its rows in cost windows every rank lays out alike (``energon_pack.runtime.balanced_stage``;
+    train split only, states saved at step boundaries; docs/balanced_steps.md).
+
     ``plan`` (a ``PackPlan`` or the path of one written by ``energon-pack plan``): rows come
     from the plan instead of online selection; the result is a ``PlanDataLoader`` whose state
     restores at any data-parallel size and worker count (see ``energon_pack.plan.loader``).
@@ -390,6 +394,10 @@ def get_packing_loader(
                 path, plan, config, task_encoder, split=split, rank=rank, world_size=world_size,
                 data_parallel_group=group, stats_dir=stats_dir, **loader_kwargs,
             )
+    if split != "train" and config.policy.balance_steps:
+        # A validation or test split is read once, row by row: no optimizer steps to balance.
+        config = PackingConfig(row=config.row, policy=config.policy, loader=config.loader, trainer=config.trainer,
+                               balance_steps=False)
     task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec, stats_dir=stats_dir.name)
     worker_config = WorkerConfig(
         rank=rank,

@@ -93,3 +93,8 @@ def test_resume_at_a_step_boundary_is_exact_and_mid_step_is_refused(dataset, pro
     with pytest.raises(ResumeMismatchError, match="micro_batches_per_step"):
         other.restore_state_rank(states[0])
     other.close()
+
+
+def test_a_train_loader_balancing_steps_needs_the_step_size(dataset, processor) -> None:
+    with pytest.raises(ValueError, match="needs micro_batches_per_step.*fix: set micro_batches_per_step"):
+        get_packing_loader(dataset, make_config(True, micro_batches_per_step=None), processor)

@@ -70,7 +70,8 @@ def test_four_ranks_wait_less_with_balanced_steps(dataset, processor) -> None:
 
 def test_resume_at_a_step_boundary_is_exact_and_mid_step_is_refused(dataset, processor) -> None:
     """Two ranks x two workers: states saved after 3 steps restore to the same next 20 rows per
-    rank (40 rows byte-identical); a save after 3 rows is refused, another step size too."""
+    rank (40 rows byte-identical); a save in the middle of a step is refused, another step size too
+    (and continues under allow_inexact_resume)."""
     states, reference = [], []
     for rank in range(2):
         loader = get_packing_loader(dataset, make_config(True), processor, rank=rank, world_size=2, **EAGER)
@@ -93,6 +94,11 @@ def test_resume_at_a_step_boundary_is_exact_and_mid_step_is_refused(dataset, pro
     with pytest.raises(ResumeMismatchError, match="micro_batches_per_step"):
         other.restore_state_rank(states[0])
     other.close()
+    inexact = make_config(True, micro_batches_per_step=4, allow_inexact_resume=True)
+    with get_packing_loader(dataset, inexact, processor, rank=0, world_size=2) as loader:
+        loader.restore_state_rank(states[0])  # continues: the saved windows, then windows of steps of 4
+        iterator = iter(loader)
+        assert len([next(iterator) for _ in range(8)]) == 8
 
 
 def test_a_train_loader_balancing_steps_needs_the_step_size(dataset, processor) -> None:

@@ -215,7 +215,7 @@ def online_balance_fingerprint(config: PackingConfig) -> dict[str, Any]:
 
     Example: ``balance_steps=True, cost_model="qwen2.5-vl-7b", micro_batches_per_step=2`` ->
     ``{"balance_steps": True, "cost_model": "qwen2.5-vl-7b", "frozen_vision": False,
-    "balance_window_rows": 128, "micro_batches_per_step": 2}``.
+    "balance_window_rows": 256, "micro_batches_per_step": 2}``.
     """
     policy = config.policy
     if not policy.balance_steps or policy.mode != "online" or config.trainer.micro_batches_per_step is None:

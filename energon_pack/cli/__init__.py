@@ -329,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     steps.add_argument(
         "--window-rows", type=int_at_least(1), default=None,
-        help="rows per worker window of online balanced rows (default: balance_window_rows' default, 128)"
+        help="rows per worker window of online balanced rows (default: balance_window_rows' default, 256)"
     )
     simulate.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
     simulate.set_defaults(func=_cmd_simulate)

@@ -114,7 +114,7 @@ class PackingPolicy:
     frozen_vision: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     balance_steps: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     balance_window_steps: int = field(default=16, metadata=NOT_FINGERPRINTED)
-    balance_window_rows: int = field(default=128, metadata=NOT_FINGERPRINTED)
+    balance_window_rows: int = field(default=256, metadata=NOT_FINGERPRINTED)
     blend_unit: Literal["samples", "tokens", "supervised_tokens"] = "samples"
     blend_schedule: tuple[BlendPoint, ...] | None = None
     blend_schedule_mode: Literal["step", "linear"] = "step"

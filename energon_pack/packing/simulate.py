@@ -495,7 +495,7 @@ def step_balance_table(
     max_wait_rounds: int = 4,
     max_segments: int | None = 64,
     window_steps: int = 16,
-    window_rows: int = 128,
+    window_rows: int = 256,
     workers: int = 2,
     min_steps: int = 40,
     seed: int = 0,

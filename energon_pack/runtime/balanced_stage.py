@@ -6,8 +6,10 @@ nothing decoded), costs each bin with the cost model (modelled FLOPs of the row 
 token counts and media grids), and reorders the window with
 :func:`~energon_pack.packing.online_balance.window_levels` /
 :func:`~energon_pack.packing.online_balance.order_window`; then it emits the window's bins one
-by one as the plain stage does (decode, pack, yield). Rounds run only between windows, so the
-rows are the plain stage's rows, in another order. No rank or worker talks to another: the
+by one as the plain stage does (decode, pack, yield). While it emits, it reads a round whenever
+fewer than ``N`` bins are ready, so the next window fills as the current one empties (no burst
+of planning between windows). Rounds select bins from pending and new samples only, so the rows
+are the plain stage's rows, in another order. No rank or worker talks to another: the
 layout depends on the seed, window index, worker index, worker count and step size only.
 
 State: the plain stage's fields (the window's bins are the planner's ready bins, already in
@@ -79,7 +81,7 @@ def online_balance(config: PackingConfig, bin_cost: Callable[[list[PreparedSampl
     """The window layout of an online loader with ``balance_steps`` (None without it, or in mode
     in_batch); a ValueError with the fix when ``micro_batches_per_step`` is missing.
 
-    Example: ``balance_steps=True, micro_batches_per_step=2`` -> ``OnlineBalance(window_rows=128, micro_batches=2, ...)``.
+    Example: ``balance_steps=True, micro_batches_per_step=2`` -> ``OnlineBalance(window_rows=256, micro_batches=2, ...)``.
     """
     policy = config.policy
     if not policy.balance_steps or policy.mode != "online":
@@ -152,7 +154,12 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
                                     micro_batches=self.balance.micro_batches)
 
     def _next_bin(self) -> list[PackItem] | None:
-        """The next bin of the current window; a new window when it is spent and one can be formed."""
+        """The next bin of the current window (a new window when it is spent); None, so that the
+        stage reads one more round first, while fewer than a window's bins are ready: the next
+        window is planned a round at a time while this one is emitted, not in one burst."""
+        planner = self._planner
+        if not planner.exhausted and len(planner.ready) < self.window_rows():
+            return None
         if self._left == 0 and not self._form_window():
             return None
         self._left -= 1

@@ -286,7 +286,7 @@ def test_the_default_round_fills_every_width_of_the_reference_mix() -> None:
 def test_simulate_prints_the_step_imbalance_of_both_dealings(capsys):
     from energon_pack.cli import main
 
-    assert main(["simulate", "--samples", "600", "--dp", "4,8", "--micro-batches", "1,2"]) == 0
+    assert main(["simulate", "--samples", "600", "--dp", "4,8", "--micro-batches", "1,2", "--window-rows", "16"]) == 0
     out = capsys.readouterr().out
     assert "today mean" in out and "balanced p99" in out and "cost model qwen2.5-vl-7b" in out
     lines = [line.split() for line in out.splitlines() if line.split()[:1] in (["4"], ["8"])]

@@ -10,8 +10,7 @@ snappy, a 64 KiB window of output; a page's levels (one int per value) are kept 
 dictionary page (pyarrow's default writes a group's media into one) is streamed too: its entries
 are read as the data pages' indices reach them and kept until their last use.
 
-``leaf_items(path, row_group, leaf)`` gives each row's items of a leaf; ``leaf_rows`` the row
-values ``pyarrow``'s ``to_pylist()`` gives. What it does not read (other codecs, encodings or
+``leaf_items(path, row_group, leaf)`` gives each row's items of a leaf. What it does not read (other codecs, encodings or
 nesting) raises ``UnsupportedPage`` (the caller reads with pyarrow instead); bytes that do not
 parse raise ``CorruptPage`` naming the file, the column and the row group.
 """
@@ -541,14 +540,3 @@ def leaf_items(path: Path, row_group: int, leaf: str) -> Iterator[list[Any] | No
     if rows != column.rows:
         raise CorruptPage(f"{column.where()} holds {rows} rows, its metadata says {column.rows}; "
                           "fix: rewrite the file (e.g. pyarrow.parquet.write_table)")
-
-
-def leaf_rows(path: Path, row_group: int, leaf: str) -> Iterator[Any]:
-    """Each row's value of one leaf as ``pyarrow`` gives it (``to_pylist()`` of the leaf's array):
-    for a list column ``leaf_items``'s rows, for another the value or None.
-
-    Example: a ``video: binary`` column with rows ``b"v"``, ``None`` -> ``b"v"``, ``None``.
-    """
-    is_list = leaf_column(path, row_group, leaf).max_rep == 1
-    # map, not a loop: no row is held here while the next one is read
-    return map(lambda items: items if is_list or items is None else items[0], leaf_items(path, row_group, leaf))

@@ -24,12 +24,12 @@ from energon_pack.data.parquet_pages import (
     _Stream,
     hybrid_values,
     leaf_items,
-    leaf_rows,
     read_struct,
     snappy_pieces,
 )
 from energon_pack.data.parquet_records import EmbeddedMedia, TableInput
 from energon_pack.data.prepare import PlacedRecord
+from tests.support.parquet_leaves import leaf_rows
 
 ITEM = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 CHAT = json.dumps([{"role": "user", "content": "<image>What?"}, {"role": "assistant", "content": "A cat."}])

@@ -315,6 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--blend-units", type=lambda text: text.split(","), default="samples,tokens,supervised_tokens",
         help="blend units compared, comma-separated",
     )
+    prepare_stage = bench.add_argument_group("prepare stage (Parquet with embedded JPEGs against JSON + files)")
+    prepare_stage.add_argument(
+        "--row-group-rows", type=int_at_least(1), default=1000,
+        help="rows per row group of the Parquet file (100: as the Hub's image datasets are written)",
+    )
+    prepare_stage.add_argument(
+        "--baseline", type=Path, default=None,
+        help="root of another checkout whose energon_pack also prepares the Parquet file, interleaved (default: none)",
+    )
     realistic = bench.add_argument_group(
         "--media realistic (also --seq-length, --workers, --epochs, --prefetch-factor; the first of --buffer-sizes)"
     )

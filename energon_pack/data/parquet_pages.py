@@ -316,10 +316,11 @@ class LeafColumn:
         return f"{self.path.name}, column {self.leaf!r}, row group {self.row_group}"
 
 
-def leaf_column(path: Path, row_group: int, leaf: str) -> LeafColumn:
+def leaf_column(path: Path, row_group: int, leaf: str, parquet: Any = None) -> LeafColumn:
     """The ``LeafColumn`` of ``leaf`` (a dotted ``path_in_schema``, e.g. ``images.list.element.bytes``)
-    in ``row_group`` of the Parquet file ``path``, from its metadata (pyarrow);
-    ``UnsupportedPage`` for a codec, type or nesting this reader does not read.
+    in ``row_group`` of the Parquet file ``path``, from its metadata (pyarrow: ``parquet``, the
+    file's open ``ParquetFile`` when the caller has one, so that its footer is parsed once per file,
+    else opened here); ``UnsupportedPage`` for a codec, type or nesting this reader does not read.
 
     Example: a ``video: binary`` column written by pyarrow (snappy) -> ``LeafColumn(leaf="video",
     codec="SNAPPY", max_def=1, max_rep=0, row_level=item_level=1, ...)``; the same with zstd ->
@@ -328,7 +329,7 @@ def leaf_column(path: Path, row_group: int, leaf: str) -> LeafColumn:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(path)
+    parquet = pq.ParquetFile(path) if parquet is None else parquet
     group = parquet.metadata.row_group(row_group)
     index = next((i for i in range(group.num_columns) if group.column(i).path_in_schema == leaf), None)
     if index is None:
@@ -500,7 +501,7 @@ def _plain(body: _Stream, utf8: bool) -> Any:
     return value.decode("utf-8") if utf8 else value
 
 
-def leaf_items(path: Path, row_group: int, leaf: str) -> Iterator[list[Any] | None]:
+def leaf_items(path: Path, row_group: int, leaf: str, *, parquet: Any = None) -> Iterator[list[Any] | None]:
     """Each row's items of one leaf column: None when the row's top-level value (its list, or its
     struct or value) is null, else the list of its items, each the leaf's value or None (a null
     item, or a null field of a present struct). A row is yielded before the next row's first value
@@ -509,9 +510,9 @@ def leaf_items(path: Path, row_group: int, leaf: str) -> Iterator[list[Any] | No
     Example: ``images: list<struct<bytes, path>>`` with rows ``[{"bytes": b"a"}, None]``, ``None``,
     ``[]``; leaf ``images.list.element.bytes`` -> ``[b"a", None]``, ``None``, ``[]``. A top-level
     ``image: struct<bytes, path>`` with rows ``{"bytes": b"a"}``, ``None``, ``{"bytes": None}`` ->
-    ``[b"a"]``, ``None``, ``[None]``.
+    ``[b"a"]``, ``None``, ``[None]``. ``parquet``: the file's open ``ParquetFile``, as for `leaf_column`.
     """
-    column = leaf_column(path, row_group, leaf)
+    column = leaf_column(path, row_group, leaf, parquet)
     rows = 0
     try:
         with ExitStack() as files:

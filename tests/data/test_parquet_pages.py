@@ -158,8 +158,8 @@ def test_the_fallback_starts_at_the_row_the_stream_stopped_at(tmp_path, monkeypa
     expected = _attached(tmp_path / "t.parquet")
     streamed = parquet_records.leaf_items
 
-    def stops_after_two_rows(path, group, leaf):
-        items = streamed(path, group, leaf)
+    def stops_after_two_rows(path, group, leaf, *, parquet):
+        items = streamed(path, group, leaf, parquet=parquet)
         yield next(items)
         yield next(items)
         raise UnsupportedPage("a page of another kind")

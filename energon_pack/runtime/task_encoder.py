@@ -29,6 +29,7 @@ from energon_pack.config import PackingConfig
 from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.rows.flops import CostModel, grid_rows
 from energon_pack.errors import BadSampleError
+from energon_pack.formats.energon_webdataset import AuxLoading
 from energon_pack.packing.budget import fits_one_row, row_budget, sample_misfit
 from energon_pack.config.blend import schedule_size_problem, weights_problem
 from energon_pack.runtime.blend_stage import ShareBlendDataset
@@ -82,7 +83,7 @@ def entry_name(entry: dict[str, Any]) -> str:
     return f"blend entry {entry['index']} ({entry['path']}{subflavors})"
 
 
-class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
+class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
     """Packs Qwen-VL chat samples into fixed-width THD rows (docs/batch_contract.md, docs/state_contract.md).
 
     Energon glue around :class:`QwenChatEncoder` (tokens, grids and pixels of one chat) and the

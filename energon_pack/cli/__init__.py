@@ -320,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--row-group-rows", type=int_at_least(1), default=1000,
         help="rows per row group of the Parquet file (100: as the Hub's image datasets are written)",
     )
+    prepare_stage.add_argument("--rounds", type=int_at_least(1), default=2, help="alternating runs of each kind")
     prepare_stage.add_argument(
         "--baseline", type=Path, default=None,
         help="root of another checkout whose energon_pack also prepares the Parquet file, interleaved (default: none)",

@@ -6,7 +6,7 @@ Each prepare runs in its own process, after a warm-up prepare of two records of 
 call, and its peak RSS above the RSS just before it (Linux ``VmHWM``, reset by ``clear_refs``
 just before: a child's ``ru_maxrss`` starts at its parent's RSS), next to the size of one row
 group (uncompressed bytes, the Parquet footer's). The two kinds alternate for
-``ROUNDS`` rounds; the best samples/s and the largest peak of each are shown. The input is
+``rounds`` rounds (``--rounds``, default ``ROUNDS``); the best samples/s and the largest peak of each are shown. The input is
 generated once per ``--samples`` under the bench folder (``make_jpeg_records``, ``records_to_parquet``).
 ``--row-group-rows 100`` writes the Parquet file as the Hub's image datasets are (``datasets``
 writes 100 rows a group, each group's images one page). ``--baseline DIR`` also prepares the
@@ -50,12 +50,13 @@ print(json.dumps({"seconds": seconds, "cpu": cpu, "written": report.written, "ex
 
 @dataclass(frozen=True, kw_only=True)
 class PrepareBenchOptions:
-    """Rows per row group of the Parquet file, the JPEGs' side in pixels, and the root of another
-    checkout whose ``energon_pack`` also prepares the Parquet file (None: none)."""
+    """Rows per row group of the Parquet file, the JPEGs' side in pixels, the root of another
+    checkout whose ``energon_pack`` also prepares the Parquet file (None: none), and the rounds."""
 
     row_group_rows: int = 1000
     image_side: int = 256
     baseline: Path | None = None
+    rounds: int | None = None  # None: ROUNDS
 
 
 def prepare_options(args: Any) -> PrepareBenchOptions:
@@ -66,7 +67,7 @@ def prepare_options(args: Any) -> PrepareBenchOptions:
         raise UsageError(f"--baseline {str(baseline)!r} holds no energon_pack package; fix: pass the root of a checkout, "
                          "e.g. one made by `git worktree add /tmp/before main`")
     return PrepareBenchOptions(row_group_rows=getattr(args, "row_group_rows", defaults.row_group_rows),
-                               baseline=None if baseline is None else Path(baseline))
+                               baseline=None if baseline is None else Path(baseline), rounds=getattr(args, "rounds", None))
 
 
 def _inputs(folder: Path, num_samples: int, options: PrepareBenchOptions) -> tuple[Path, Path]:
@@ -109,7 +110,8 @@ def bench_prepare(num_samples: int, work_dir: Path, options: PrepareBenchOptions
     runs: dict[str, list[dict[str, float]]] = {"parquet": [], "json": []}
     if options.baseline is not None:
         runs["baseline parquet"] = []
-    for _ in range(ROUNDS):
+    rounds = options.rounds or ROUNDS
+    for _ in range(rounds):
         runs["json"].append(measure_prepare(records, records.parent, folder / "out-json", warm_records))
         runs["parquet"].append(measure_prepare(parquet, folder, folder / "out-parquet", warm_parquet))
         if options.baseline is not None:
@@ -131,7 +133,7 @@ def bench_prepare(num_samples: int, work_dir: Path, options: PrepareBenchOptions
         {"what": "peak / one row group", "parquet": f"{peak['parquet'] / mib:.2f}", "json": "-", "ratio": "-"},
     ]
     title = (f"prepare ({num_samples} one-JPEG records of {options.image_side}px; Parquet: {metadata.num_row_groups} row "
-             f"groups of {options.row_group_rows} rows, {mib:.1f} MiB each; best of {ROUNDS} alternating runs; ratio = parquet / json)")
+             f"groups of {options.row_group_rows} rows, {mib:.1f} MiB each; best of {rounds} alternating runs; ratio = parquet / json)")
     if options.baseline is None:
         return [(title, rows, COLUMNS)]
     base = "baseline parquet"

@@ -33,7 +33,7 @@ from energon_pack.formats.energon_webdataset import AuxLoading
 from energon_pack.packing.budget import fits_one_row, row_budget, sample_misfit
 from energon_pack.config.blend import schedule_size_problem, weights_problem
 from energon_pack.runtime.blend_stage import ShareBlendDataset
-from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
+from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, RowSteps
 from energon_pack.qwen.encode import PreparedChat, QwenChatEncoder
 from energon_pack.qwen.fit import MediaGeometry
 from energon_pack.qwen.geometry import VisionSpec
@@ -445,10 +445,8 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
             dataset,
             row=self.config.row,
             policy=self.config.policy,
-            postencode=self.postencode_sample,
-            allocate_pixels=self.allocate_row_pixels,
-            row_cost=self.row_cost,
-            pack=self.pack_selected_samples,
+            steps=RowSteps(postencode=self.postencode_sample, allocate_pixels=self.allocate_row_pixels,
+                           row_cost=self.row_cost, pack=self.pack_selected_samples),
             worker_config=worker_config,
             stats_dir=self.stats_dir,
             blend=self._share_blend,

@@ -17,7 +17,7 @@ from energon_pack.rows.encoded import EncodedSample, PackedRow, PackedSegment, P
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.algorithms import RoundSize, RowBudget
 from energon_pack.packing.simulate import iter_rounds
-from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
+from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, RowSteps
 from energon_pack.core.visual import VisualInputs
 
 #: Token lengths of the stream (W = 32): enough rounds for pending groups, waits and a flush.
@@ -103,7 +103,7 @@ def make_stage(
 
     source = ListSource(lengths, worker_config=worker_config, bad=bad)
     return PendingGroupPackingDataset(
-        source, row=row, policy=policy, postencode=postencode, pack=pack, worker_config=worker_config
+        source, row=row, policy=policy, steps=RowSteps(postencode=postencode, pack=pack), worker_config=worker_config
     )
 
 

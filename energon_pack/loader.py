@@ -28,12 +28,7 @@ from megatron.energon import (
 )
 
 from energon_pack.config import PackingConfig
-from energon_pack.identity import (
-    check_resume_fingerprint,
-    dataset_config_fingerprint,
-    online_balance_fingerprint,
-    resume_fingerprint,
-)
+from energon_pack.identity import dataset_config_fingerprint, online_balance_fingerprint, resume_fingerprint
 from energon_pack.config.blend import weights_problem
 from energon_pack.core.dataset_path import METADATASET_SUFFIXES, as_dataset_path, check_dataset_path
 from energon_pack.errors import UsageError
@@ -43,7 +38,7 @@ from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
 from energon_pack.runtime.balanced_stage import balance_report
-from energon_pack.runtime.state_check import check_loader_state
+from energon_pack.runtime.state_check import check_loader_state, check_restored_type
 from energon_pack.runtime.inflight import naming_dead_workers
 from energon_pack.runtime.workers import frozen_gc
 from energon_pack.runtime.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
@@ -272,13 +267,10 @@ class PackingDataLoader(SavableDataLoader):
     def restore_state_rank(self, state: PackingLoaderState | None) -> None:
         if state is None:
             return
-        if not isinstance(state, PackingLoaderState):
-            raise TypeError(
-                f"restore_state_rank got {type(state).__name__}; pass the object returned by "
-                "PackingDataLoader.save_state_rank()"
-            )
-        if isinstance(state.fingerprint, Mapping):  # else check_loader_state names it
-            check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        check_restored_type(  # a fingerprint that is no mapping: check_loader_state names it
+            state, PackingLoaderState, loader_name="PackingDataLoader", current_fingerprint=self.fingerprint,
+            allow_inexact=self.allow_inexact_resume,
+        )
         check_loader_state(
             state.fingerprint, state.energon_state, state.worker_stats,
             num_workers=self.num_workers, micro_batch_size=self._get_batch_size(), packing_stage=self.packing_stage,

@@ -29,11 +29,12 @@ from energon_pack.config import PackingConfig
 from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.rows.flops import CostModel, grid_rows
 from energon_pack.errors import BadSampleError
+from energon_pack.formats.energon_webdataset import AuxLoading
 from energon_pack.packing.budget import fits_one_row, row_budget, sample_misfit
 from energon_pack.config.blend import schedule_size_problem, weights_problem
 from energon_pack.runtime.blend_stage import ShareBlendDataset
 from energon_pack.runtime.balanced_stage import BalancedPackingDataset, online_balance
-from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
+from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, RowSteps
 from energon_pack.qwen.encode import PreparedChat, QwenChatEncoder
 from energon_pack.qwen.fit import MediaGeometry
 from energon_pack.qwen.geometry import VisionSpec
@@ -83,7 +84,7 @@ def entry_name(entry: dict[str, Any]) -> str:
     return f"blend entry {entry['index']} ({entry['path']}{subflavors})"
 
 
-class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
+class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
     """Packs Qwen-VL chat samples into fixed-width THD rows (docs/batch_contract.md, docs/state_contract.md).
 
     Energon glue around :class:`QwenChatEncoder` (tokens, grids and pixels of one chat) and the
@@ -452,10 +453,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         stage: dict[str, Any] = dict(
             row=self.config.row,
             policy=self.config.policy,
-            postencode=self.postencode_sample,
-            allocate_pixels=self.allocate_row_pixels,
-            row_cost=self.row_cost,
-            pack=self.pack_selected_samples,
+            steps=RowSteps(postencode=self.postencode_sample, allocate_pixels=self.allocate_row_pixels,
+                           row_cost=self.row_cost, pack=self.pack_selected_samples),
             worker_config=worker_config,
             stats_dir=self.stats_dir,
             blend=self._share_blend,

@@ -14,6 +14,7 @@ from megatron.energon.worker import WorkerConfig
 from energon_pack.core.visual import VisualInputs
 from energon_pack.errors import BadSampleError
 from energon_pack.rows.encoded import EncodedSample, PackedRow, PackedSegment, PreparedSample
+from energon_pack.runtime.packing_stage import RowSteps
 
 
 class ListSource(SavableDataset[PreparedSample]):
@@ -68,8 +69,8 @@ class ListSource(SavableDataset[PreparedSample]):
         return {"type": type(self).__qualname__, "lengths": self.lengths}
 
 
-def row_builders(undecodable: frozenset[str] = frozenset()) -> dict[str, Callable[..., Any]]:
-    """``postencode`` (raises ``corrupt_image`` for the keys in ``undecodable``) and ``pack`` of a stage."""
+def row_builders(undecodable: frozenset[str] = frozenset()) -> dict[str, RowSteps]:
+    """A stage's ``steps``: ``postencode`` (raises ``corrupt_image`` for the keys in ``undecodable``) and ``pack``."""
 
     def postencode(sample: PreparedSample) -> EncodedSample:
         if sample.__key__ in undecodable:
@@ -84,7 +85,7 @@ def row_builders(undecodable: frozenset[str] = frozenset()) -> dict[str, Callabl
     def pack(samples: list[EncodedSample]) -> PackedRow:
         return PackedRow.derive_from(samples[0], segments=[s.segment for s in samples], stats={})
 
-    return {"postencode": postencode, "pack": pack}
+    return {"steps": RowSteps(postencode=postencode, pack=pack)}
 
 
 #: Telemetry that measures the process (memory, seconds per stage), not packing state.

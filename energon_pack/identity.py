@@ -265,10 +265,14 @@ def plan_fingerprint(
 ) -> dict[str, Any]:
     """What a plan depends on: ``{"dataset": ..., "encoder": ..., "packing": ...}``; the name of the
     sample mapping foreign samples were read under (``formats.sample_mapping.mapping_name``) joins
-    ``packing`` only when one is set, so plans built without one keep their digest."""
+    ``packing`` only when one is set, so plans built without one keep their digest; a plan over a
+    metadataset (``dataset`` holds ``blend``: every leaf's shards, path, split, subflavors and
+    weight or repetitions) adds ``blend_unit`` and ``blend_seed`` (the seed of its selection)."""
     packing = packing_fingerprint(config)
     if sample_mapping is not None:
         packing["sample_mapping"] = sample_mapping
+    if "blend" in dataset:  # a metadataset's plan: which samples it picks depends on the unit and seed
+        packing.update(blend_unit=config.policy.blend_unit, blend_seed=config.seed)
     return {"dataset": dict(dataset), "encoder": dict(encoder), "packing": packing}
 
 

@@ -355,7 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_cmd_bench)
 
     plan = command("plan", "pack a whole split once (header-only), for a deterministic, elastic loader")
-    plan.add_argument("dataset", type=str, help="prepared dataset (one WebDataset folder, or msc://profile/path)")
+    plan.add_argument(
+        "dataset", type=str,
+        help="prepared dataset (one WebDataset folder, or msc://profile/path), or an Energon metadataset YAML blending such datasets",
+    )
     plan.add_argument("--config", type=Path, required=True, help="packing config YAML (seq_length, alignment, ...)")
     plan.add_argument("--processor", default=None, help="processor path or hub id (default: the offline Qwen2.5-VL one)")
     plan.add_argument("--out", type=Path, required=True, help="plan file to write")

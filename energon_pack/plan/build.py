@@ -24,7 +24,7 @@ import contextlib
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,12 +43,15 @@ from energon_pack.packing.global_plan import plan_rows_flat, rows_to_lists
 from energon_pack.plan.accounting import TokenAccounting, card_facts
 from energon_pack.plan.facts import Facts, TextTokens, fresh_facts, local_split
 from energon_pack.plan.file import PackPlan
+from energon_pack.plan.blend import blend_plan_problem, blend_row_order, blend_selection
+from energon_pack.plan.metadataset import blend_leaves, is_metadataset, leaf_name, planned_leaves
 from energon_pack.qwen.fit import media_geometry, shrink_limits
 from energon_pack.rows.flops import CostModel, grid_rows
 
 __all__ = [
     "Measurement",
     "build_plan",
+    "measure_blend",
     "dataset_fingerprint",
     "MeasuredSlice",
     "measure_dataset",
@@ -77,15 +80,16 @@ def webdataset_index(restore_key: Sequence[Any]) -> int:
         if restore_key[position] == "Webdataset" and isinstance(restore_key[position + 1], int):
             return restore_key[position + 1]
     raise ValueError(
-        f"restore key {restore_key!r} names no WebDataset sample index; a pack plan reads one prepared "
-        "WebDataset split; fix: plan each dataset of a metadataset separately"
+        f"restore key {restore_key!r} names no WebDataset sample index; a pack plan reads prepared "
+        "WebDataset splits; fix: pass a prepared dataset folder, or a metadataset YAML of them"
     )
 
 
-def open_split(path: str | Path, split: str, worker_config: Any) -> Any:
-    """Energon's dataset factory of one prepared WebDataset split (no shuffling, no repeat).
+def open_split(path: str | Path, split: str, worker_config: Any, *, subflavors: Mapping[str, Any] | None = None) -> Any:
+    """Energon's dataset factory of one prepared WebDataset split (no shuffling, no repeat), its
+    samples carrying ``subflavors`` (those of a metadataset's leaf).
 
-    A metadataset or a JSONL file raises ValueError: a plan addresses one WebDataset's samples.
+    A metadataset or a JSONL file raises ValueError: a plan reads each leaf of a metadataset as one WebDataset.
     """
     from megatron.energon.dataset_config import get_dataset_from_config
     from megatron.energon.epathlib import EPath
@@ -95,11 +99,13 @@ def open_split(path: str | Path, split: str, worker_config: Any) -> Any:
     if kind != EnergonDatasetType.WEBDATASET:
         raise ValueError(
             f"{path}: a pack plan reads one prepared WebDataset (a folder with .nv-meta), got a {kind.value} "
-            "dataset; fix: prepare the data with energon-pack prepare, or plan each dataset of a metadataset "
-            "separately and load them one by one"
+            "dataset; fix: prepare the data with energon-pack prepare, and pass the dataset folder or an Energon "
+            "metadataset YAML blending such folders"
         )
     with reading_formats():
-        return get_dataset_from_config(path, split_part=split, training=False, worker_config=worker_config)
+        return get_dataset_from_config(
+            path, split_part=split, training=False, worker_config=worker_config, subflavors=dict(subflavors or {}) or None
+        )
 
 
 def dataset_fingerprint(path: str | Path, split: str) -> dict[str, Any]:
@@ -108,13 +114,35 @@ def dataset_fingerprint(path: str | Path, split: str) -> dict[str, Any]:
     (``plan.facts.local_split``, no Energon import), else from Energon's dataset factory.
 
     Example: ``{"split": "train", "shards": [["shards/data-000000.tar", 16, 1048576], ...], "excluded_samples": 0}``.
+
+    A metadataset YAML: every leaf's shard table in one (names prefixed ``"<leaf>:"``, so the
+    global sample index is the leaf's offset plus its own index), the excluded samples of all
+    leaves, and ``blend``: the mode and each leaf's path (relative to the YAML's folder), split,
+    subflavors, weight, repetitions and sample count.
     """
+    if is_metadataset(path):
+        return metadataset_fingerprint(path, split)
     local = local_split(path, split)
     if local is not None:
         return local
     from megatron.energon import WorkerConfig
 
     return split_fingerprint(open_split(path, split, WorkerConfig(rank=0, world_size=1, num_workers=0)), split)
+
+
+def metadataset_fingerprint(path: str | Path, split: str) -> dict[str, Any]:
+    """:func:`dataset_fingerprint` of a metadataset YAML (see there)."""
+    mode, leaves = blend_leaves(path, split)
+    shards, excluded, described = [], 0, []
+    for number, leaf in enumerate(leaves):
+        own = dataset_fingerprint(leaf.path, leaf.split)
+        shards += [[f"{number}:{name}", count, size] for name, count, size in own["shards"]]
+        excluded += int(own.get("excluded_samples", 0))
+        described.append({
+            "path": leaf_name(leaf.path, path), "split": leaf.split, "subflavors": leaf.subflavors,
+            "weight": leaf.weight, "repetitions": leaf.repetitions, "samples": sum(int(s[1]) for s in own["shards"]),
+        })
+    return {"split": split, "shards": shards, "excluded_samples": excluded, "blend": {"mode": mode, "leaves": described}}
 
 
 # --------------------------------------------------------------------------- measure
@@ -434,11 +462,24 @@ def _measure_slice(
 # --------------------------------------------------------------------------- plan
 
 
-def plan_measurement(measurement: Measurement, config: PackingConfig, fingerprint: dict[str, Any]) -> PackPlan:
+def plan_measurement(
+    measurement: Measurement,
+    config: PackingConfig,
+    fingerprint: dict[str, Any],
+    *,
+    kept: np.ndarray | None = None,
+    row_order: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+) -> PackPlan:
     """Pack the measured samples globally within the online budgets (aligned width, segments,
     vision patches and media per row); skipped samples stay counted by reason. With
-    ``balance_steps`` the rows are balanced by ``measurement.flops`` and carry their FLOPs."""
-    kept = np.flatnonzero(measurement.tokens != UNMEASURED)
+    ``balance_steps`` the rows are balanced by ``measurement.flops`` and carry their FLOPs.
+
+    ``kept``: the sample indices to pack (a sample listed twice is packed twice; default: every
+    measured sample once). ``row_order(row_offsets, members)``: the order to store the packed rows
+    in (a permutation of the rows, given their CSR arrays of sample indices); default: as packed.
+    """
+    if kept is None:
+        kept = np.flatnonzero(measurement.tokens != UNMEASURED)
     aligned = -(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple
     budget = row_budget(config.row, config.policy)
     limits = dict(vision=measurement.vision[kept], media=measurement.media[kept])
@@ -452,15 +493,33 @@ def plan_measurement(measurement: Measurement, config: PackingConfig, fingerprin
         summed = np.concatenate([[0], np.cumsum(flops[members], dtype=np.int64)])
         constant = CostModel.of(config.policy.cost_model).constant(config.seq_length)
         row_arrays["row_flops"] = constant + summed[row_offsets[1:]] - summed[row_offsets[:-1]]
+    members = kept[members]
+    if row_order is not None:
+        row_offsets, members, row_arrays = reorder_rows(row_offsets, members, row_arrays, row_order(row_offsets, members))
     return PackPlan.from_csr(
         row_offsets,
-        kept[members],
+        members,
         measurement.tokens,
         fingerprint=fingerprint,
         samples_in=measurement.samples_in,
         skipped=dict(sorted(measurement.skipped.items())),
         row_arrays=row_arrays,
     )
+
+
+def reorder_rows(
+    row_offsets: np.ndarray, members: np.ndarray, row_arrays: Mapping[str, np.ndarray], order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """CSR rows (and per-row arrays) in ``order`` (new row i is old row ``order[i]``).
+
+    Example: offsets ``[0, 2, 3]``, members ``[5, 6, 7]``, order ``[1, 0]`` -> offsets ``[0, 1, 3]``,
+    members ``[7, 5, 6]``.
+    """
+    sizes = np.diff(row_offsets)[order]
+    starts = row_offsets[:-1][order]
+    new_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    gather = np.repeat(starts - new_offsets[:-1], sizes) + np.arange(int(new_offsets[-1]))
+    return new_offsets, members[gather], {name: values[order] for name, values in row_arrays.items()}
 
 
 def build_plan(
@@ -478,18 +537,57 @@ def build_plan(
 
     encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
     workers = config.num_workers if num_workers is None else num_workers
-    measurement = measure_split(path, encoder, split=split, num_workers=workers, progress=progress)
+    if is_metadataset(path):
+        check_blend_plan(config)
+        measurement, _ = measure_blend(path, encoder, split=split, num_workers=workers, progress=progress, facts=False)
+    else:
+        measurement = measure_split(path, encoder, split=split, num_workers=workers, progress=progress)
     return plan_split(measurement, path, split, encoder, config)
+
+
+def check_blend_plan(config: PackingConfig) -> None:
+    """Raise ``UsageError`` when ``config`` cannot plan a metadataset's blend (``plan.blend.blend_plan_problem``)."""
+    problem = blend_plan_problem(config)
+    if problem is not None:
+        raise UsageError(problem)
+
+
+def measure_blend(
+    path: str | Path, encoder: Any, *, split: str, num_workers: int, progress: bool = True, facts: bool = True
+) -> tuple[Measurement, str]:
+    """The ``Measurement`` of a metadataset's split over its global sample indices (leaf i's
+    samples after those of leaves 0..i-1): each leaf measured as :func:`measure_dataset` measures
+    one dataset; also one line per leaf saying how."""
+    leaves = planned_leaves(dataset_fingerprint(path, split)["blend"], path)
+    parts, lines = [], []
+    for leaf in leaves:
+        part, line = measure_dataset(leaf.path, encoder, split=leaf.split, num_workers=num_workers, progress=progress, facts=facts)
+        parts.append(part)
+        lines.append(f"{leaf.path} ({leaf.split}): {line}")
+    merged = Measurement(
+        **{name: np.concatenate([getattr(p, name) for p in parts]) for name in ("tokens", "vision", "media", "flops")},
+        skipped=sum((p.skipped for p in parts), Counter()),
+        per_worker=sum((p.per_worker for p in parts), Counter()),
+    )
+    return merged, "\n".join(lines)
 
 
 def plan_split(measurement: Measurement, path: str | Path, split: str, encoder: Any, config: PackingConfig) -> PackPlan:
     """Plan ``measurement`` of ``split`` at ``path``, fingerprinted with the dataset, ``encoder``
-    (a task encoder or a ``TokenAccounting``) and ``config``."""
+    (a task encoder or a ``TokenAccounting``) and ``config``. A metadataset's blend packs the
+    samples ``plan.blend.blend_selection`` picks and stores its rows in ``interleave_rows`` order."""
     identity = encoder.fingerprint if isinstance(encoder, TokenAccounting) else encoder_fingerprint(encoder)
     fingerprint = plan_fingerprint(
         dataset_fingerprint(path, split), identity, config, sample_mapping=mapping_name(current_loader_mapping())
     )
-    return plan_measurement(measurement, config, fingerprint)
+    blend = fingerprint["dataset"].get("blend")
+    if blend is None:
+        return plan_measurement(measurement, config, fingerprint)
+    check_blend_plan(config)
+    unit, seed = config.policy.blend_unit, config.seed
+    kept, source_of = blend_selection(measurement.tokens, blend, unit=unit, seed=seed)
+    units = measurement.tokens if unit == "tokens" else np.ones_like(measurement.tokens)
+    return plan_measurement(measurement, config, fingerprint, kept=kept, row_order=blend_row_order(source_of, units, seed=seed))
 
 
 def plan_report(
@@ -563,8 +661,16 @@ def run_plan(args: Any) -> int:
 def _run_plan(args: Any, config: PackingConfig) -> int:
     """:func:`run_plan` under its sample mapping."""
     start = time.perf_counter()
+    blend = is_metadataset(args.dataset)
+    if blend:
+        check_blend_plan(config)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UsageError(
+                f"{args.dataset}: a metadataset is planned in one process (each leaf measured by its own worker "
+                "processes), not under torchrun; fix: run energon-pack plan without torchrun"
+            )
     # Facts hold no sample keys: an exclude list needs the samples read.
-    if not args.measure and not config.loader.exclude and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if not blend and not args.measure and not config.loader.exclude and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         found = card_facts(args.dataset, args.processor, config)
         if found is not None:
             measurement = measure_from_facts(args.dataset, found.accounting, found.facts, found.tokens, split=args.split)
@@ -579,7 +685,11 @@ def _run_plan(args: Any, config: PackingConfig) -> int:
     workers = config.num_workers if args.workers is None else args.workers
     start = time.perf_counter()
     with _torchrun_group() as group:
-        if group is None and read_in_place(args.dataset):
+        if blend:
+            measurement, source = measure_blend(
+                args.dataset, encoder, split=args.split, num_workers=workers, facts=not args.measure
+            )
+        elif group is None and read_in_place(args.dataset):
             measurement, source = measure_in_place(args, encoder, config, num_workers=workers)
         elif group is None:
             measurement, source = measure_dataset(

@@ -38,6 +38,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from energon_pack.config import PackingConfig
@@ -52,6 +53,7 @@ from energon_pack.packing.balance import BalancedStream, check_balanced_resume, 
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
 from energon_pack.plan.build import dataset_fingerprint, open_split
 from energon_pack.plan.file import MappedPlan, PackPlan, open_plan
+from energon_pack.plan.metadataset import PlannedLeaf, planned_leaves
 from energon_pack.packing.planner import is_count
 from energon_pack.runtime.state_check import check_restored_type, raise_if_state_problems
 from energon_pack.runtime.stats import PackingStats, aggregate_stats
@@ -141,35 +143,55 @@ class PlanRowSource:
     #: The sample mapping foreign samples are read under (the loader's, captured when built).
     sample_mapping: Any = field(default_factory=current_loader_mapping)
     _orders: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False)
-    _reader: tuple[int, Any, Any] | None = field(default=None, init=False, repr=False)  # (pid, worker config, dataset)
+    #: (pid, worker config, {leaf number: dataset}) of the process that builds rows.
+    _reader: tuple[int, Any, dict[int, Any]] | None = field(default=None, init=False, repr=False)
+    #: The datasets the plan's global sample indices address: the metadataset's leaves, or the one dataset.
+    _leaves: list[PlannedLeaf] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        blend = self.plan.fingerprint["dataset"].get("blend")
+        self._leaves = (
+            [PlannedLeaf(path=self.path, split=self.split, subflavors={}, offset=0)] if blend is None
+            else planned_leaves(blend, self.path)
+        )
 
     def plan_row(self, position: int) -> tuple[int, int]:
-        """``(epoch, plan row)`` at stream ``position``. Example: R=10, position 23 -> (2, order_2[3])."""
+        """``(epoch, plan row)`` at stream ``position``. Example: R=10, position 23 -> (2, order_2[3]);
+        a metadataset's plan is read in its stored (interleaved) order every epoch: (2, 3)."""
         epoch, row = divmod(position, self.plan.num_rows)
         if self.balance is not None:
             return epoch, self.balance.plan_row(position)
+        if "blend" in self.plan.fingerprint["dataset"]:
+            return epoch, row
         if epoch not in self._orders:
             self._orders = {epoch: epoch_row_order(self.plan.num_rows, seed=self.seed, epoch=epoch)}
         return epoch, self._orders[epoch][row]
 
     def fetch(self, index: int) -> Any:
-        """The raw Energon sample at global index ``index`` (restore key ``("Webdataset", index)``)."""
-        worker_config, dataset = self._open()
+        """The raw Energon sample at global index ``index``: sample ``index - offset`` of the leaf
+        holding it (restore key ``("Webdataset", index - offset)``), with the leaf's subflavors."""
+        number = int(np.searchsorted([leaf.offset for leaf in self._leaves], index, side="right")) - 1
+        local = index - self._leaves[number].offset
+        worker_config, dataset = self._open(number)
         worker_config.worker_activate(index)
         try:
-            return dataset.restore_sample(("MapDataset", index, "Webdataset", index))
+            return dataset.restore_sample(("MapDataset", local, "Webdataset", local))
         finally:
             worker_config.worker_deactivate()
 
-    def _open(self) -> tuple[Any, Any]:
+    def _open(self, number: int) -> tuple[Any, Any]:
         if self._reader is None or self._reader[0] != os.getpid():
             from megatron.energon import WorkerConfig
 
             info = torch.utils.data.get_worker_info()
             worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0 if info is None else info.num_workers)
+            self._reader = (os.getpid(), worker_config, {})
+        _, worker_config, datasets = self._reader
+        if number not in datasets:
+            leaf = self._leaves[number]
             with loader_sample_mapping(self.sample_mapping):
-                self._reader = (os.getpid(), worker_config, open_split(self.path, self.split, worker_config).build())
-        return self._reader[1], self._reader[2]
+                datasets[number] = open_split(leaf.path, leaf.split, worker_config, subflavors=leaf.subflavors).build()
+        return worker_config, datasets[number]
 
     def row(self, position: int) -> dict[str, Any]:
         """The THD row (or empty marker) at ``position``, tagged with ``__plan__`` and a restore key."""

@@ -1,0 +1,160 @@
+"""Pack plans over a metadataset's blend: selection by shares of tokens or samples, rows in an
+order that keeps every stretch at the shares, the plan loader reading each leaf with its
+subflavors, and exact resume at another data-parallel size."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from energon_pack import PackingConfig, get_packing_loader
+from energon_pack.cli import main
+from energon_pack.plan.blend import blend_plan_problem, interleave_rows, select_by_repetitions, select_by_weights
+from energon_pack.plan.build import measure_blend, plan_split, reorder_rows
+from tests.support.plan_blend_runs import WEIGHTS, make_plan_blend, plan_compositions, worst_window
+
+W = 4096
+
+
+def test_the_source_that_runs_out_first_defines_the_epoch():
+    units = [np.full(10, 100), np.full(100, 10)]
+    assert [len(s) for s in select_by_weights(units, [1, 1], seed=0)] == [10, 100]
+    chosen = select_by_weights(units, [3, 1], seed=0)
+    assert [len(s) for s in chosen] == [10, 33]  # 1000 tokens against 330, the closest to 333
+    assert len(set(chosen[1].tolist())) == 33 and chosen[1].max() < 100
+    assert [len(s) for s in select_by_weights(units, [1, 0], seed=0)] == [10, 0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 500), min_size=20, max_size=60), min_size=2, max_size=4),
+       st.lists(st.floats(0.1, 5), min_size=4, max_size=4), st.integers(0, 9))
+def test_selected_shares_are_exact_to_within_one_sample(units, weights, seed):
+    units = [np.array(u) for u in units]
+    weights = weights[: len(units)]
+    chosen = select_by_weights(units, weights, seed=seed)
+    got = [float(u[c].sum()) for u, c in zip(units, chosen)]
+    defining = min(range(len(units)), key=lambda i: units[i].sum() / weights[i])
+    epoch = units[defining].sum() / (weights[defining] / sum(weights))
+    for u, c, g, w in zip(units, chosen, got, weights):
+        assert len(set(c.tolist())) == len(c)  # no repeats under weights
+        assert abs(g - epoch * w / sum(weights)) <= u.max() / 2 + 1e-6
+
+
+def test_repetitions_repeat_every_sample_and_a_seeded_part_of_the_fraction():
+    chosen = select_by_repetitions([4, 2], [1.5, 2], seed=3)
+    assert sorted(chosen[0].tolist())[::2] != [] and len(chosen[0]) == 6 and len(set(chosen[0][4:].tolist())) == 2
+    assert sorted(chosen[1].tolist()) == [0, 0, 1, 1]
+
+
+def test_rows_are_interleaved_so_that_no_source_is_front_loaded():
+    rng = np.random.default_rng(0)
+    # Homogeneous rows as best-fit-decreasing makes them: 60 rows of source 0, 30 of 1, 10 of 2.
+    compositions = np.zeros((100, 3))
+    for row, source in enumerate([0] * 60 + [1] * 30 + [2] * 10):
+        compositions[row, source] = rng.integers(3900, 4096)
+    order = interleave_rows(compositions, seed=1)
+    assert sorted(order.tolist()) == list(range(100))
+    assert worst_window(compositions[order], compositions.sum(0) / compositions.sum(), window=20) < 0.06
+    assert worst_window(compositions, compositions.sum(0) / compositions.sum(), window=20) > 0.5  # as packed
+
+
+def test_reorder_rows_moves_members_and_row_arrays():
+    offsets, members, arrays = reorder_rows(np.array([0, 2, 3]), np.array([5, 6, 7]), {"x": np.array([1, 2])}, np.array([1, 0]))
+    assert offsets.tolist() == [0, 1, 3] and members.tolist() == [7, 5, 6] and arrays["x"].tolist() == [2, 1]
+
+
+def test_settings_a_plan_cannot_meet_are_named():
+    assert "supervised" in blend_plan_problem(PackingConfig(seq_length=W, blend_unit="supervised_tokens"))
+    assert blend_plan_problem(PackingConfig(seq_length=W, blend_unit="tokens")) is None
+
+
+@pytest.fixture(scope="module")
+def blend(tmp_path_factory, processor):
+    return make_plan_blend(tmp_path_factory.mktemp("plan_blend"), processor)
+
+
+def plan_of(blend, processor, **overrides):
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+
+    config = PackingConfig(**{"seq_length": W, "num_workers": 0, "repeat": False, "blend_unit": "tokens", **overrides})
+    encoder = QwenVLPackingTaskEncoder(config, processor)
+    measurement, _ = measure_blend(blend, encoder, split="train", num_workers=0, progress=False)
+    return plan_split(measurement, blend, "train", encoder, config), config
+
+
+@pytest.fixture(scope="module")
+def planned(blend, processor):
+    return plan_of(blend, processor)
+
+
+@pytest.mark.slow
+def test_a_token_plan_meets_the_shares_over_the_plan_and_every_64_rows(planned):
+    plan, _ = planned
+    compositions = plan_compositions(plan)
+    shares = compositions.sum(0) / compositions.sum()
+    assert np.abs(shares - WEIGHTS).max() < 0.005
+    assert plan.num_rows > 64 and worst_window(compositions, np.array(WEIGHTS)) < 0.05
+    assert plan.fingerprint["packing"]["blend_unit"] == "tokens"
+    assert [leaf["path"] for leaf in plan.fingerprint["dataset"]["blend"]["leaves"]] == ["short", "medium", "long"]
+
+
+@pytest.mark.slow
+def test_a_sample_plan_meets_the_shares_of_samples(blend, processor):
+    plan, _ = plan_of(blend, processor, blend_unit="samples")
+    leaves = plan.fingerprint["dataset"]["blend"]["leaves"]
+    starts = np.cumsum([0] + [leaf["samples"] for leaf in leaves])
+    members = np.concatenate([plan.global_indices(r) for r in range(plan.num_rows)])
+    counts = np.bincount(np.searchsorted(starts, members, side="right") - 1, minlength=3)
+    assert np.abs(counts / counts.sum() - WEIGHTS).max() < 0.005
+
+
+def loader(blend, processor, plan, config, *, rank=0, world_size=1):
+    return get_packing_loader(str(blend), config, processor, plan=plan, rank=rank, world_size=world_size)
+
+
+@pytest.mark.slow
+def test_the_plan_loader_reads_each_leaf_with_its_subflavors_and_resumes_at_another_dp_size(blend, processor, planned):
+    plan, config = planned
+    with loader(blend, processor, plan, config) as one:
+        reference = list(itertools.islice(one, 10))
+    sources = [s["source"] for s in reference[0]["__subflavors__"]]
+    leaf_of = {"short": 0, "medium": 1, "long": 2}
+    starts = np.cumsum([0] + [leaf["samples"] for leaf in plan.fingerprint["dataset"]["blend"]["leaves"]])
+    expected = np.searchsorted(starts, plan.global_indices(reference[0]["__plan__"]["row"]), side="right") - 1
+    assert [leaf_of[s] for s in sources] == expected.tolist()
+    assert [row["__plan__"]["row"] for row in reference] == list(range(10))  # the stored, interleaved order
+    # Save at DP2 after 3 rows per rank, restore at DP1: rows 6.. continue exactly.
+    ranks = [loader(blend, processor, plan, config, rank=r, world_size=2) for r in range(2)]
+    for dp_loader in ranks:
+        assert len(list(itertools.islice(dp_loader, 3))) == 3
+    states = [dp_loader.save_state_rank() for dp_loader in ranks]
+    for dp_loader in ranks:
+        dp_loader.close()
+    with loader(blend, processor, plan, config) as resumed:
+        resumed.restore_state_global(states)
+        rows = list(itertools.islice(resumed, 4))
+    assert [row["__plan__"]["position"] for row in rows] == [6, 7, 8, 9]
+    for got, want in zip(rows, reference[6:]):
+        assert got["input_ids"].tolist() == want["input_ids"].tolist()
+        assert got["__subflavors__"] == want["__subflavors__"]
+
+
+@pytest.mark.slow
+def test_cli_plans_a_metadataset_and_refuses_what_a_plan_cannot_meet(blend, tmp_path, capsys):
+    config = tmp_path / "cfg.yaml"
+    config.write_text(f"seq_length: {W}\nblend_unit: tokens\n")
+    out = tmp_path / "x.plan"
+    assert main(["plan", str(blend), "--config", str(config), "--out", str(out), "--workers", "0"]) == 0
+    assert out.exists() and "measured from facts" in capsys.readouterr().out
+    for text, word in (("blend_unit: supervised_tokens", "supervised"),
+                       ("blend_schedule: [{step: 0, weights: [1, 1, 1]}]", "blend_schedule"),
+                       ("blend_unit: tokens\nbalance_steps: true", "balance_steps")):
+        config.write_text(f"seq_length: {W}\n{text}\n")
+        code = main(["plan", str(blend), "--config", str(config), "--out", str(tmp_path / "y.plan")])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and word in lines[0] and "fix" in lines[0]
+    assert not (tmp_path / "y.plan").exists()

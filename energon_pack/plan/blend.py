@@ -27,9 +27,12 @@ from typing import Any
 import numpy as np
 
 from energon_pack.config import PackingConfig
+from energon_pack.config.blend import weights_problem
+from energon_pack.errors import UsageError
 
 __all__ = [
     "blend_plan_problem",
+    "blend_report",
     "blend_row_order",
     "blend_selection",
     "interleave_rows",
@@ -78,10 +81,22 @@ def blend_selection(
     ``[10, 10, 5, 5]``, weights 1:1 under ``tokens``: source 1 runs out first (10 tokens), source 0
     gives a seeded one of its samples -> kept ``[1, 2, 3]`` (or ``[0, 2, 3]``), source_of ``[0, 0, 1, 1]``.
     """
-    sizes = [int(leaf["samples"]) for leaf in blend["leaves"]]
+    leaves = blend["leaves"]
+    sizes = [int(leaf["samples"]) for leaf in leaves]
     source_of = np.repeat(np.arange(len(sizes)), sizes)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     good = [lo + np.flatnonzero(tokens[lo:hi] >= 0) for lo, hi in zip(starts[:-1], starts[1:])]
+    if blend["mode"] == "weights":
+        problem = weights_problem("the metadataset's blend weights", [leaf["weight"] for leaf in leaves])
+        if problem is not None:
+            raise UsageError(problem)
+    for leaf, samples in zip(leaves, good):
+        if not len(samples) and (leaf["weight"] or 0) > 0:
+            raise UsageError(
+                f"blend leaf {leaf['path']!r} (split {leaf['split']!r}): none of its {leaf['samples']} samples can be "
+                f"packed (all skipped), so its weight {leaf['weight']} can never be met; fix: see the plan's skip "
+                "reasons (docs/bad_input_policy.md), or give that entry weight 0 or remove it from the metadataset"
+            )
     if blend["mode"] == "repetitions":
         repetitions = [1.0 if leaf["repetitions"] is None else leaf["repetitions"] for leaf in blend["leaves"]]
         chosen = select_by_repetitions([len(g) for g in good], repetitions, seed=seed)
@@ -163,19 +178,47 @@ def interleave_rows(compositions: np.ndarray, *, seed: int) -> np.ndarray:
     for source in range(sources):
         members = np.flatnonzero(dominant == source)
         buckets.append(members[_seeded_order(len(members), seed=seed, source=source)].tolist())
+    units = compositions.tolist()  # plain floats: K is small, numpy per candidate would dominate
+    shares = target.tolist()
     heads = [0] * sources
-    drawn = np.zeros(sources)
+    drawn = [0.0] * sources
     order = np.empty(rows, dtype=np.int64)
     for position in range(rows):
-        best, best_error = -1, np.inf
+        best, best_error = -1, float("inf")
         for source in range(sources):
             if heads[source] < len(buckets[source]):
-                after = drawn + compositions[buckets[source][heads[source]]]
-                error = float(np.square(after - target * after.sum()).sum())
+                after = [d + u for d, u in zip(drawn, units[buckets[source][heads[source]]])]
+                total = sum(after)
+                error = sum((a - p * total) ** 2 for a, p in zip(after, shares))
                 if error < best_error:
                     best, best_error = source, error
         row = buckets[best][heads[best]]
         heads[best] += 1
-        drawn += compositions[row]
+        drawn = [d + u for d, u in zip(drawn, units[row])]
         order[position] = row
     return order
+
+
+def blend_report(plan: Any, unit: str) -> list[dict[str, Any]]:
+    """Rows of the ``energon-pack plan`` report for a metadataset's plan: per leaf, its samples and
+    real tokens in the plan and its share in ``unit`` against its weight's share (``blend``).
+
+    Example: ``[{"metric": "source 0 (short): samples, tokens, share (tokens) / target", "value":
+    "1200, 240100, 0.6009 / 0.6000"}, ...]``.
+    """
+    leaves = plan.fingerprint["dataset"]["blend"]["leaves"]
+    leaf_of_shard = np.array([int(name.split(":", 1)[0]) for name, _, _ in plan.shards], dtype=np.int64)
+    leaf = leaf_of_shard[plan.member_shard]
+    samples = np.bincount(leaf, minlength=len(leaves))
+    tokens = np.bincount(leaf, weights=plan.member_tokens, minlength=len(leaves))
+    realized = tokens if unit == "tokens" else samples
+    weights = [leaf["weight"] for leaf in leaves]
+    total_weight = sum(w or 0 for w in weights)
+    rows = []
+    for number, described in enumerate(leaves):
+        target = "-" if described["weight"] is None else f"{described['weight'] / total_weight:.4f}"
+        rows.append({
+            "metric": f"source {number} ({described['path']}): samples, tokens, share ({unit}) / target",
+            "value": f"{samples[number]}, {int(tokens[number])}, {realized[number] / max(1, realized.sum()):.4f} / {target}",
+        })
+    return rows

@@ -43,7 +43,7 @@ from energon_pack.packing.global_plan import plan_rows_flat, rows_to_lists
 from energon_pack.plan.accounting import TokenAccounting, card_facts
 from energon_pack.plan.facts import Facts, TextTokens, fresh_facts, local_split
 from energon_pack.plan.file import PackPlan
-from energon_pack.plan.blend import blend_plan_problem, blend_row_order, blend_selection
+from energon_pack.plan.blend import blend_plan_problem, blend_report, blend_row_order, blend_selection
 from energon_pack.plan.metadataset import blend_leaves, is_metadataset, leaf_name, planned_leaves
 from energon_pack.qwen.fit import media_geometry, shrink_limits
 from energon_pack.rows.flops import CostModel, grid_rows
@@ -745,6 +745,8 @@ def _write_plan(args: Any, config: PackingConfig, measurement: Measurement, enco
     plan.save(args.out)
     seconds = time.perf_counter() - start
     report = plan_report(plan, seq_length=config.seq_length, seconds=seconds, path=Path(args.out), per_worker=measurement.per_worker)
+    if "blend" in plan.fingerprint["dataset"]:
+        report += blend_report(plan, config.policy.blend_unit)
     print(format_table(report))
     print(source)
     print(f"plan written to {args.out} (digest {plan.digest[:16]})")

@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 
 from energon_pack import PackingConfig, get_packing_loader
 from energon_pack.cli import main
-from energon_pack.plan.blend import blend_plan_problem, interleave_rows, select_by_repetitions, select_by_weights
+from energon_pack.errors import UsageError
+from energon_pack.plan.blend import (
+    blend_plan_problem,
+    blend_selection,
+    interleave_rows,
+    select_by_repetitions,
+    select_by_weights,
+)
 from energon_pack.plan.build import measure_blend, plan_split, reorder_rows
 from tests.support.plan_blend_runs import WEIGHTS, make_plan_blend, plan_compositions, worst_window
 
@@ -46,7 +53,9 @@ def test_selected_shares_are_exact_to_within_one_sample(units, weights, seed):
 
 def test_repetitions_repeat_every_sample_and_a_seeded_part_of_the_fraction():
     chosen = select_by_repetitions([4, 2], [1.5, 2], seed=3)
-    assert sorted(chosen[0].tolist())[::2] != [] and len(chosen[0]) == 6 and len(set(chosen[0][4:].tolist())) == 2
+    assert chosen[0][:4].tolist() == [0, 1, 2, 3] and len(chosen[0]) == 6
+    assert len(set(chosen[0][4:].tolist())) == 2 and set(chosen[0][4:].tolist()) <= {0, 1, 2, 3}
+    assert chosen[0].tolist() == select_by_repetitions([4, 2], [1.5, 2], seed=3)[0].tolist()  # seeded
     assert sorted(chosen[1].tolist()) == [0, 0, 1, 1]
 
 
@@ -65,6 +74,23 @@ def test_rows_are_interleaved_so_that_no_source_is_front_loaded():
 def test_reorder_rows_moves_members_and_row_arrays():
     offsets, members, arrays = reorder_rows(np.array([0, 2, 3]), np.array([5, 6, 7]), {"x": np.array([1, 2])}, np.array([1, 0]))
     assert offsets.tolist() == [0, 1, 3] and members.tolist() == [7, 5, 6] and arrays["x"].tolist() == [2, 1]
+
+
+def leaves(*weights):
+    return {"mode": "weights", "leaves": [
+        {"path": f"d{i}", "split": "train", "weight": w, "repetitions": None, "samples": 2} for i, w in enumerate(weights)
+    ]}
+
+
+def test_blend_selection_numbers_samples_globally_and_names_bad_leaves():
+    kept, source_of = blend_selection(np.array([10, 10, 5, 5]), leaves(1, 1), unit="tokens", seed=0)
+    assert source_of.tolist() == [0, 0, 1, 1] and len(kept) == 3 and kept[1:].tolist() == [2, 3] and kept[0] in (0, 1)
+    kept, _ = blend_selection(np.array([10, 10, 5, 5]), leaves(1, 1), unit="samples", seed=0)
+    assert kept.tolist() == [0, 1, 2, 3]
+    with pytest.raises(UsageError, match="'d1'.*none of its 2 samples.*fix"):
+        blend_selection(np.array([10, 10, -1, -1]), leaves(1, 1), unit="tokens", seed=0)
+    with pytest.raises(UsageError, match="negative"):
+        blend_selection(np.array([10, 10, 5, 5]), leaves(1, -1), unit="tokens", seed=0)
 
 
 def test_settings_a_plan_cannot_meet_are_named():
@@ -149,7 +175,9 @@ def test_cli_plans_a_metadataset_and_refuses_what_a_plan_cannot_meet(blend, tmp_
     config.write_text(f"seq_length: {W}\nblend_unit: tokens\n")
     out = tmp_path / "x.plan"
     assert main(["plan", str(blend), "--config", str(config), "--out", str(out), "--workers", "0"]) == 0
-    assert out.exists() and "measured from facts" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert out.exists() and printed.count("measured from facts") == 3
+    assert "source 0 (short): samples, tokens, share (tokens) / target" in printed and "/ 0.6000" in printed
     for text, word in (("blend_unit: supervised_tokens", "supervised"),
                        ("blend_schedule: [{step: 0, weights: [1, 1, 1]}]", "blend_schedule"),
                        ("blend_unit: tokens\nbalance_steps: true", "balance_steps")):

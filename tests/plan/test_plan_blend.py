@@ -22,7 +22,8 @@ from energon_pack.plan.blend import (
     select_by_weights,
 )
 from energon_pack.plan.build import measure_blend, plan_split, reorder_rows
-from tests.support.plan_blend_runs import WEIGHTS, make_plan_blend, plan_compositions, worst_window
+from energon_pack.data.blend_mix import metadataset_yaml
+from tests.support.plan_blend_runs import SOURCES, WEIGHTS, make_plan_blend, plan_compositions, worst_window
 
 W = 4096
 
@@ -103,10 +104,14 @@ def blend(tmp_path_factory, processor):
     return make_plan_blend(tmp_path_factory.mktemp("plan_blend"), processor)
 
 
+def config_of(**overrides) -> PackingConfig:
+    return PackingConfig(**{"seq_length": W, "num_workers": 0, "repeat": False, "blend_unit": "tokens", **overrides})
+
+
 def plan_of(blend, processor, **overrides):
     from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 
-    config = PackingConfig(**{"seq_length": W, "num_workers": 0, "repeat": False, "blend_unit": "tokens", **overrides})
+    config = config_of(**overrides)
     encoder = QwenVLPackingTaskEncoder(config, processor)
     measurement, _ = measure_blend(blend, encoder, split="train", num_workers=0, progress=False)
     return plan_split(measurement, blend, "train", encoder, config), config
@@ -164,9 +169,46 @@ def test_the_plan_loader_reads_each_leaf_with_its_subflavors_and_resumes_at_anot
         resumed.restore_state_global(states)
         rows = list(itertools.islice(resumed, 4))
     assert [row["__plan__"]["position"] for row in rows] == [6, 7, 8, 9]
-    for got, want in zip(rows, reference[6:]):
+    # ... and at DP4, each rank with a worker process: the union of their next rows is 6..9.
+    with_workers = config_of(num_workers=1)
+    dp4_rows = []
+    for rank in range(4):
+        with loader(blend, processor, plan, with_workers, rank=rank, world_size=4) as dp4:
+            dp4.restore_state_global(states)
+            dp4_rows.append(next(iter(dp4)))
+    dp4_rows.sort(key=lambda row: row["__plan__"]["position"])
+    assert [row["__plan__"]["position"] for row in dp4_rows] == [6, 7, 8, 9]
+    for got, want in zip(rows + dp4_rows, reference[6:] * 2):
         assert got["input_ids"].tolist() == want["input_ids"].tolist()
         assert got["__subflavors__"] == want["__subflavors__"]
+
+
+@pytest.mark.slow
+def test_a_plan_is_refused_when_a_leaf_weight_or_the_unit_changes(blend, processor, planned):
+    from energon_pack.identity import ResumeMismatchError
+
+    plan, config = planned
+    changed = blend.parent / "changed.yaml"
+    changed.write_text(metadataset_yaml([s.name for s in SOURCES], weights=(0.5, 0.4, 0.1)), encoding="utf-8")
+    with pytest.raises(ResumeMismatchError, match="dataset.blend"):
+        loader(changed, processor, plan, config)
+    with pytest.raises(ResumeMismatchError, match="blend_unit"):
+        loader(blend, processor, plan, config_of(blend_unit="samples"))
+
+
+@pytest.mark.slow
+def test_an_epochized_plan_repeats_each_source_its_repetitions(blend, processor):
+    epochized = blend.parent / "epochized.yaml"
+    epochized.write_text(metadataset_yaml([s.name for s in SOURCES], repetitions=(1, 2, 0.5)), encoding="utf-8")
+    plan, _ = plan_of(epochized, processor)
+    assert plan.fingerprint["dataset"]["blend"]["mode"] == "repetitions"
+    members = np.concatenate([plan.global_indices(r) for r in range(plan.num_rows)])
+    starts = np.cumsum([0] + [s.samples for s in SOURCES])
+    counts = np.bincount(np.searchsorted(starts, members, side="right") - 1, minlength=3)
+    assert not plan.skipped
+    assert counts.tolist() == [SOURCES[0].samples, 2 * SOURCES[1].samples, SOURCES[2].samples // 2]
+    medium = members[(members >= starts[1]) & (members < starts[2])] - starts[1]
+    assert np.bincount(medium, minlength=SOURCES[1].samples).tolist() == [2] * SOURCES[1].samples
 
 
 @pytest.mark.slow

@@ -267,13 +267,28 @@ def plan_fingerprint(
     sample mapping foreign samples were read under (``formats.sample_mapping.mapping_name``) joins
     ``packing`` only when one is set, so plans built without one keep their digest; a plan over a
     metadataset (``dataset`` holds ``blend``: every leaf's shards, path, split, subflavors and
-    weight or repetitions) adds ``blend_unit`` and ``blend_seed`` (the seed of its selection)."""
+    weight or repetitions) adds ``blend_unit`` and ``blend_seed`` (the seed of its selection), and
+    with a ``blend_schedule`` its points, mode and ``blend_step_rows`` (:func:`schedule_step_rows`)."""
     packing = packing_fingerprint(config)
     if sample_mapping is not None:
         packing["sample_mapping"] = sample_mapping
     if "blend" in dataset:  # a metadataset's plan: which samples it picks depends on the unit and seed
         packing.update(blend_unit=config.policy.blend_unit, blend_seed=config.seed)
+        if config.policy.blend_schedule is not None:
+            packing.update(
+                blend_schedule=[point.to_dict() for point in config.policy.blend_schedule],
+                blend_schedule_mode=config.policy.blend_schedule_mode,
+                blend_step_rows=schedule_step_rows(config),
+            )
     return {"dataset": dict(dataset), "encoder": dict(encoder), "packing": packing}
+
+
+def schedule_step_rows(config: PackingConfig) -> int:
+    """Rows of one global training step in a plan's positions: ``topology.dp`` x ``micro_batches_per_step``.
+
+    Example: dp 4, 2 micro-batches a step -> 8.
+    """
+    return config.topology.dp * (config.trainer.micro_batches_per_step or 1)
 
 
 def flat_fingerprint(fingerprint: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,19 +22,26 @@ shares: every stretch of rows then carries the shares to within about one row's 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from energon_pack.config import PackingConfig
-from energon_pack.config.blend import weights_problem
+from energon_pack.config.blend import BlendPoint, schedule_size_problem, weights_problem
+from energon_pack.identity import schedule_step_rows
 from energon_pack.errors import UsageError
+from energon_pack.packing.blend import scheduled_weights
 
 __all__ = [
     "blend_plan_problem",
     "blend_report",
     "blend_row_order",
     "blend_selection",
+    "PlanSchedule",
+    "reorder_rows",
+    "scheduled_rows",
+    "seeded_streams",
     "interleave_rows",
     "select_by_repetitions",
     "select_by_weights",
@@ -56,11 +63,6 @@ def blend_plan_problem(config: PackingConfig) -> str | None:
             "meets shares of samples or tokens only; fix: set blend_unit: tokens (or samples) to plan this "
             "blend, or read it with the online loader (no plan)"
         )
-    if policy.blend_schedule is not None:
-        return (
-            "blend_schedule: a pack plan holds one blend for its whole epoch, not weights that change over "
-            "training steps; fix: remove blend_schedule to plan this blend, or read it with the online loader (no plan)"
-        )
     if policy.balance_steps:
         return (
             "balance_steps: balanced steps reorder a plan's rows by cost, which would undo the order that keeps "
@@ -70,28 +72,27 @@ def blend_plan_problem(config: PackingConfig) -> str | None:
 
 
 def blend_selection(
-    tokens: np.ndarray, blend: Mapping[str, Any], *, unit: str, seed: int
+    tokens: np.ndarray, blend: Mapping[str, Any], *, unit: str, seed: int, weights: Sequence[float] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(kept, source_of)``: the global sample indices a plan packs (repeated ones listed again, in
     source order) and each global index's source (int [N]).
 
     ``tokens``: int [N], real tokens of every global sample index, negative for a sample not
     measured (skipped); ``blend``: a plan fingerprint's ``dataset.blend`` (mode and leaves with
-    ``samples``, ``weight``, ``repetitions``). Example: two leaves of 2 samples, tokens
+    ``samples``, ``weight``, ``repetitions``); ``weights``: replace the leaves' weights (a schedule's
+    mean shares over the plan). Example: two leaves of 2 samples, tokens
     ``[10, 10, 5, 5]``, weights 1:1 under ``tokens``: source 1 runs out first (10 tokens), source 0
     gives a seeded one of its samples -> kept ``[1, 2, 3]`` (or ``[0, 2, 3]``), source_of ``[0, 0, 1, 1]``.
     """
     leaves = blend["leaves"]
-    sizes = [int(leaf["samples"]) for leaf in leaves]
-    source_of = np.repeat(np.arange(len(sizes)), sizes)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    good = [lo + np.flatnonzero(tokens[lo:hi] >= 0) for lo, hi in zip(starts[:-1], starts[1:])]
-    if blend["mode"] == "weights":
-        problem = weights_problem("the metadataset's blend weights", [leaf["weight"] for leaf in leaves])
+    good, source_of = good_samples(tokens, blend)
+    if weights is None and blend["mode"] == "weights":
+        weights = [leaf["weight"] for leaf in leaves]
+        problem = weights_problem("the metadataset's blend weights", weights)
         if problem is not None:
             raise UsageError(problem)
     for leaf, samples in zip(leaves, good):
-        if not len(samples) and (leaf["weight"] or 0) > 0:
+        if not len(samples) and blend["mode"] == "weights":
             raise UsageError(
                 f"blend leaf {leaf['path']!r} (split {leaf['split']!r}): none of its {leaf['samples']} samples can be "
                 f"packed (all skipped), so its weight {leaf['weight']} can never be met; fix: see the plan's skip "
@@ -102,9 +103,19 @@ def blend_selection(
         chosen = select_by_repetitions([len(g) for g in good], repetitions, seed=seed)
     else:
         units = [tokens[g] if unit == "tokens" else np.ones(len(g), dtype=np.int64) for g in good]
-        chosen = select_by_weights(units, [leaf["weight"] for leaf in blend["leaves"]], seed=seed)
+        chosen = select_by_weights(units, weights, seed=seed)
     kept = np.concatenate([g[c] for g, c in zip(good, chosen)]) if good else np.zeros(0, dtype=np.int64)
     return kept.astype(np.int64), source_of
+
+
+def good_samples(tokens: np.ndarray, blend: Mapping[str, Any]) -> tuple[list[np.ndarray], np.ndarray]:
+    """``(good, source_of)``: per source the global indices of its measured samples (``tokens`` >= 0),
+    and each global index's source. Example: leaves of 2 and 2 samples, tokens ``[5, -1, 7, 8]`` ->
+    ``([[0], [2, 3]], [0, 0, 1, 1])``."""
+    sizes = [int(leaf["samples"]) for leaf in blend["leaves"]]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    good = [lo + np.flatnonzero(tokens[lo:hi] >= 0) for lo, hi in zip(starts[:-1], starts[1:])]
+    return good, np.repeat(np.arange(len(sizes)), sizes)
 
 
 def blend_row_order(
@@ -114,12 +125,156 @@ def blend_row_order(
     each row's units per source (``units``: int [N] per global sample index, ``source_of`` its source)."""
 
     def order(row_offsets: np.ndarray, members: np.ndarray) -> np.ndarray:
-        rows = np.repeat(np.arange(len(row_offsets) - 1), np.diff(row_offsets))
-        compositions = np.zeros((len(row_offsets) - 1, int(source_of.max(initial=0)) + 1))
-        np.add.at(compositions, (rows, source_of[members]), units[members])
-        return interleave_rows(compositions, seed=seed)
+        return interleave_rows(row_compositions(row_offsets, members, source_of, units), seed=seed)
 
     return order
+
+
+def row_compositions(row_offsets: np.ndarray, members: np.ndarray, source_of: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """float [R, K]: units of each source in each CSR row. Example: offsets ``[0, 2, 3]``, members
+    ``[0, 2, 1]``, sources ``[0, 0, 1]``, units ``[5, 6, 7]`` -> ``[[5, 7], [6, 0]]``."""
+    rows = np.repeat(np.arange(len(row_offsets) - 1), np.diff(row_offsets))
+    compositions = np.zeros((len(row_offsets) - 1, int(source_of.max(initial=0)) + 1))
+    np.add.at(compositions, (rows, source_of[members]), units[members])
+    return compositions
+
+
+#: Rows of one part of a scheduled plan: packed on their own, toward their positions' shares.
+SCHEDULE_PART_ROWS = 64
+
+
+def seeded_streams(tokens: np.ndarray, blend: Mapping[str, Any], *, seed: int) -> list[np.ndarray]:
+    """Per source, the global indices of its good samples (``tokens`` >= 0) in a seeded order."""
+    good, _ = good_samples(tokens, blend)
+    return [g[_seeded_order(len(g), seed=seed, source=source)] for source, g in enumerate(good)]
+
+
+def scheduled_rows(
+    streams: Sequence[np.ndarray],
+    units: np.ndarray,
+    schedule: PlanSchedule,
+    *,
+    seed: int,
+    row_units: float,
+    pack: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    part_rows: int = SCHEDULE_PART_ROWS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """CSR rows ``(row_offsets, global sample indices)`` of a blend whose shares follow ``schedule``.
+
+    ``streams[i]``: source i's good samples (global indices) in the order it gives them; ``units``:
+    float [N], each global index's units; ``row_units``: a first estimate of the units a row carries.
+    The plan is built in parts of about ``part_rows`` rows (ending at the points of a ``step``
+    schedule, :meth:`PlanSchedule.part_rows`): a part's units due per source are its
+    positions' mean shares times the units a row carries (measured on the parts so far); each source
+    gives the next samples of its stream until it has given what is due (to within half a sample,
+    the rest carried to the next part); the part is packed on its own (``pack``: sample indices ->
+    CSR rows) and its rows interleaved toward its positions' shares. The last part is as long as
+    the first source to run out can fill at its share. Example: two sources of 1-unit samples, shares (0.5, 0.5)
+    then (0.9, 0.1), rows of 10 units -> parts of 64 rows of 5:5, then 9:1 units a row on average.
+    """
+    source_of = np.zeros(len(units), dtype=np.int64)
+    for source, stream in enumerate(streams):
+        source_of[stream] = source
+    heads, due, drawn = [0] * len(streams), np.zeros(len(streams)), np.zeros(len(streams))
+    offsets, members, position = [np.zeros(1, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], 0
+    left = [float(units[stream].sum()) for stream in streams]
+    while True:
+        size = schedule.part_rows(position, part_rows)
+        per_row = schedule.targets(size, start=position).mean(axis=0) * row_units
+        # The last part: as many rows as the first source to run out can still fill at its share.
+        fits = min((left[i] + drawn[i] - due[i]) / per_row[i] for i in range(len(streams)) if per_row[i] > 0)
+        size = min(size, int(fits))
+        if size <= 0:
+            return np.concatenate(offsets), np.concatenate(members)
+        want = due + per_row * size
+        taken, ends = [], []
+        for source, stream in enumerate(streams):
+            end, got = heads[source], float(drawn[source])
+            while end < len(stream) and got + units[stream[end]] / 2 <= want[source]:
+                got += float(units[stream[end]])
+                end += 1
+            taken.append(stream[heads[source]:end])
+            ends.append((end, got))
+        part = np.concatenate(taken)
+        if not len(part):
+            return np.concatenate(offsets), np.concatenate(members)
+        row_offsets, part_members = pack(part)
+        rows = len(row_offsets) - 1
+        order = interleave_rows(
+            row_compositions(row_offsets, part_members, source_of, units), seed=seed,
+            targets=schedule.targets(rows, start=position),
+        )
+        row_offsets, part_members, _ = reorder_rows(row_offsets, part_members, {}, order)
+        offsets.append(offsets[-1][-1] + row_offsets[1:])
+        members.append(part_members)
+        row_units, position, due = float(units[part].sum()) / rows, position + rows, want
+        for source, (end, got) in enumerate(ends):
+            left[source] -= got - drawn[source]
+            heads[source], drawn[source] = end, got
+
+
+def reorder_rows(
+    row_offsets: np.ndarray, members: np.ndarray, row_arrays: Mapping[str, np.ndarray], order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """CSR rows (and per-row arrays) in ``order`` (new row i is old row ``order[i]``).
+
+    Example: offsets ``[0, 2, 3]``, members ``[5, 6, 7]``, order ``[1, 0]`` -> offsets ``[0, 1, 3]``,
+    members ``[7, 5, 6]``.
+    """
+    sizes = np.diff(row_offsets)[order]
+    starts = row_offsets[:-1][order]
+    new_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    gather = np.repeat(starts - new_offsets[:-1], sizes) + np.arange(int(new_offsets[-1]))
+    return new_offsets, members[gather], {name: values[order] for name, values in row_arrays.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSchedule:
+    """A ``blend_schedule`` over a plan's global positions: position p is in global step
+    ``p // step_rows`` (``step_rows`` = data-parallel size x ``micro_batches_per_step``: the rows of
+    one global step, whatever the DP size that reads the plan)."""
+
+    points: tuple[BlendPoint, ...]
+    mode: str
+    step_rows: int
+
+    @classmethod
+    def of(cls, config: PackingConfig, blend: Mapping[str, Any]) -> PlanSchedule | None:
+        """The schedule of ``config`` for the plan fingerprint's ``blend`` (None without one);
+        ``step_rows`` from its topology's ``dp``. A schedule of the wrong size or on a
+        ``blend_epochized`` metadataset raises ``UsageError``."""
+        points = config.policy.blend_schedule
+        if points is None:
+            return None
+        if blend["mode"] != "weights":
+            raise UsageError(
+                "blend_schedule sets blend weights over training steps, but the metadataset is blend_epochized "
+                "(repetitions); fix: use `blend:` with `weight:` entries, or remove blend_schedule"
+            )
+        problem = schedule_size_problem(points, len(blend["leaves"]))
+        if problem is not None:
+            raise UsageError(problem)
+        return cls(points=tuple(points), mode=config.policy.blend_schedule_mode, step_rows=schedule_step_rows(config))
+
+    def part_rows(self, position: int, rows: int) -> int:
+        """``rows``, or fewer so that a part from ``position`` ends at the next point of a ``step``
+        schedule. Example: a point at step 10, 4 rows a step, position 20, rows 64 -> 20."""
+        if self.mode == "step":
+            ahead = [point.step * self.step_rows - position for point in self.points if point.step * self.step_rows > position]
+            if ahead:
+                return min(rows, ahead[0])
+        return rows
+
+    def targets(self, rows: int, *, start: int = 0) -> np.ndarray:
+        """float [rows, K]: the target shares at positions ``start .. start + rows - 1``.
+
+        Example: points (0: [0.9, 0.1]), (2: [0.1, 0.9]), step_rows 2, 5 rows -> rows 0-3 at
+        (0.9, 0.1), row 4 (step 2) at (0.1, 0.9).
+        """
+        steps = (start + np.arange(rows)) // self.step_rows
+        unique, inverse = np.unique(steps, return_inverse=True)
+        shares = np.array([scheduled_weights(self.points, int(step), mode=self.mode) for step in unique])
+        return shares[inverse].reshape(rows, -1)
 
 
 def _seeded_order(size: int, *, seed: int, source: int) -> np.ndarray:
@@ -160,41 +315,48 @@ def select_by_repetitions(sizes: Sequence[int], repetitions: Sequence[float], *,
     return selected
 
 
-def interleave_rows(compositions: np.ndarray, *, seed: int) -> np.ndarray:
-    """The order to read rows in so that every stretch of rows carries the plan's shares.
+def interleave_rows(compositions: np.ndarray, *, seed: int, targets: np.ndarray | None = None) -> np.ndarray:
+    """The order to read rows in so that every stretch of rows carries the target shares.
 
-    ``compositions``: float [R, K], units of each source in each row; the target shares are the
-    plan's own (column sums over the total). Returns int [R], a permutation of the rows.
+    ``compositions``: float [R, K], units of each source in each row; ``targets``: float [R, K],
+    the shares due at each position (default: the plan's own, column sums over the total, at every
+    position). Each row read adds its units times the position's shares to what is due; the next
+    row is the one after which what was read is closest to what is due. Returns int [R], a
+    permutation of the rows.
     Example: rows ``[[10, 0], [10, 0], [0, 10], [0, 10]]`` -> the sources alternate, e.g.
     ``[0, 2, 1, 3]`` (up to the seeded order inside each source's rows).
     """
     rows, sources = compositions.shape
     if rows == 0:
         return np.zeros(0, dtype=np.int64)
-    totals = compositions.sum(axis=0)
-    target = totals / max(totals.sum(), 1e-12)
+    if targets is None:
+        totals = compositions.sum(axis=0)
+        targets = np.broadcast_to(totals / max(totals.sum(), 1e-12), compositions.shape)
     dominant = np.argmax(compositions, axis=1)
     buckets = []
     for source in range(sources):
         members = np.flatnonzero(dominant == source)
         buckets.append(members[_seeded_order(len(members), seed=seed, source=source)].tolist())
     units = compositions.tolist()  # plain floats: K is small, numpy per candidate would dominate
-    shares = target.tolist()
+    row_totals = compositions.sum(axis=1).tolist()
+    shares = np.asarray(targets).tolist()
     heads = [0] * sources
-    drawn = [0.0] * sources
+    drawn, due = [0.0] * sources, [0.0] * sources
     order = np.empty(rows, dtype=np.int64)
     for position in range(rows):
         best, best_error = -1, float("inf")
+        here = shares[position]
         for source in range(sources):
             if heads[source] < len(buckets[source]):
-                after = [d + u for d, u in zip(drawn, units[buckets[source][heads[source]]])]
-                total = sum(after)
-                error = sum((a - p * total) ** 2 for a, p in zip(after, shares))
+                row = buckets[source][heads[source]]
+                total = row_totals[row]
+                error = sum((d + u - (o + p * total)) ** 2 for d, u, o, p in zip(drawn, units[row], due, here))
                 if error < best_error:
                     best, best_error = source, error
         row = buckets[best][heads[best]]
         heads[best] += 1
         drawn = [d + u for d, u in zip(drawn, units[row])]
+        due = [o + p * row_totals[row] for o, p in zip(due, here)]
         order[position] = row
     return order
 

@@ -43,7 +43,16 @@ from energon_pack.packing.global_plan import plan_rows_flat, rows_to_lists
 from energon_pack.plan.accounting import TokenAccounting, card_facts
 from energon_pack.plan.facts import Facts, TextTokens, fresh_facts, local_split
 from energon_pack.plan.file import PackPlan
-from energon_pack.plan.blend import blend_plan_problem, blend_report, blend_row_order, blend_selection
+from energon_pack.plan.blend import (
+    PlanSchedule,
+    blend_plan_problem,
+    blend_report,
+    blend_row_order,
+    blend_selection,
+    reorder_rows,
+    scheduled_rows,
+    seeded_streams,
+)
 from energon_pack.plan.metadataset import blend_leaves, is_metadataset, leaf_name, planned_leaves
 from energon_pack.qwen.fit import media_geometry, shrink_limits
 from energon_pack.rows.flops import CostModel, grid_rows
@@ -469,6 +478,7 @@ def plan_measurement(
     *,
     kept: np.ndarray | None = None,
     row_order: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    rows: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> PackPlan:
     """Pack the measured samples globally within the online budgets (aligned width, segments,
     vision patches and media per row); skipped samples stay counted by reason. With
@@ -477,12 +487,14 @@ def plan_measurement(
     ``kept``: the sample indices to pack (a sample listed twice is packed twice; default: every
     measured sample once). ``row_order(row_offsets, members)``: the order to store the packed rows
     in (a permutation of the rows, given their CSR arrays of sample indices); default: as packed.
+    ``rows``: rows already packed (CSR ``(row_offsets, sample indices)``, e.g. by
+    :func:`pack_samples` in parts), stored as they are.
     """
+    if rows is not None:
+        return _plan_of_rows(measurement, fingerprint, *rows, {})
     if kept is None:
         kept = np.flatnonzero(measurement.tokens != UNMEASURED)
-    aligned = -(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple
-    budget = row_budget(config.row, config.policy)
-    limits = dict(vision=measurement.vision[kept], media=measurement.media[kept])
+    aligned, budget, limits = _row_inputs(measurement, config, kept)
     row_offsets, members = plan_rows_flat(aligned, budget, min_fill=config.min_fill, **limits)
     row_arrays: dict[str, np.ndarray] = {}
     if config.policy.balance_steps:
@@ -496,6 +508,13 @@ def plan_measurement(
     members = kept[members]
     if row_order is not None:
         row_offsets, members, row_arrays = reorder_rows(row_offsets, members, row_arrays, row_order(row_offsets, members))
+    return _plan_of_rows(measurement, fingerprint, row_offsets, members, row_arrays)
+
+
+def _plan_of_rows(
+    measurement: Measurement, fingerprint: dict[str, Any], row_offsets: np.ndarray, members: np.ndarray,
+    row_arrays: dict[str, np.ndarray],
+) -> PackPlan:
     return PackPlan.from_csr(
         row_offsets,
         members,
@@ -507,19 +526,17 @@ def plan_measurement(
     )
 
 
-def reorder_rows(
-    row_offsets: np.ndarray, members: np.ndarray, row_arrays: Mapping[str, np.ndarray], order: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """CSR rows (and per-row arrays) in ``order`` (new row i is old row ``order[i]``).
+def _row_inputs(measurement: Measurement, config: PackingConfig, kept: np.ndarray) -> tuple[np.ndarray, Any, dict[str, np.ndarray]]:
+    """Aligned lengths, row budget and vision / media limits of the samples ``kept``."""
+    aligned = -(-measurement.tokens[kept] // config.pad_multiple) * config.pad_multiple
+    return aligned, row_budget(config.row, config.policy), dict(vision=measurement.vision[kept], media=measurement.media[kept])
 
-    Example: offsets ``[0, 2, 3]``, members ``[5, 6, 7]``, order ``[1, 0]`` -> offsets ``[0, 1, 3]``,
-    members ``[7, 5, 6]``.
-    """
-    sizes = np.diff(row_offsets)[order]
-    starts = row_offsets[:-1][order]
-    new_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    gather = np.repeat(starts - new_offsets[:-1], sizes) + np.arange(int(new_offsets[-1]))
-    return new_offsets, members[gather], {name: values[order] for name, values in row_arrays.items()}
+
+def pack_samples(measurement: Measurement, config: PackingConfig, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR rows ``(row_offsets, sample indices)`` of the samples ``kept`` packed within the online budgets."""
+    aligned, budget, limits = _row_inputs(measurement, config, kept)
+    row_offsets, members = plan_rows_flat(aligned, budget, min_fill=config.min_fill, **limits)
+    return row_offsets, kept[members]
 
 
 def build_plan(
@@ -585,8 +602,18 @@ def plan_split(measurement: Measurement, path: str | Path, split: str, encoder: 
         return plan_measurement(measurement, config, fingerprint)
     check_blend_plan(config)
     unit, seed = config.policy.blend_unit, config.seed
-    kept, source_of = blend_selection(measurement.tokens, blend, unit=unit, seed=seed)
+    schedule = PlanSchedule.of(config, blend)
     units = measurement.tokens if unit == "tokens" else np.ones_like(measurement.tokens)
+    if schedule is not None:
+        streams = seeded_streams(measurement.tokens, blend, seed=seed)
+        good = np.concatenate(streams)
+        row_units = config.seq_length * float(units[good].sum()) / max(1.0, float(measurement.tokens[good].sum()))
+        rows = scheduled_rows(
+            streams, units, schedule, seed=seed, row_units=row_units,
+            pack=lambda kept: pack_samples(measurement, config, kept),
+        )
+        return plan_measurement(measurement, config, fingerprint, rows=rows)
+    kept, source_of = blend_selection(measurement.tokens, blend, unit=unit, seed=seed)
     return plan_measurement(measurement, config, fingerprint, kept=kept, row_order=blend_row_order(source_of, units, seed=seed))
 
 

@@ -14,14 +14,18 @@ from hypothesis import strategies as st
 from energon_pack import PackingConfig, get_packing_loader
 from energon_pack.cli import main
 from energon_pack.errors import UsageError
+from energon_pack.config.topology import ParallelTopology
 from energon_pack.plan.blend import (
+    PlanSchedule,
     blend_plan_problem,
     blend_selection,
     interleave_rows,
+    reorder_rows,
+    scheduled_rows,
     select_by_repetitions,
     select_by_weights,
 )
-from energon_pack.plan.build import measure_blend, plan_split, reorder_rows
+from energon_pack.plan.build import measure_blend, plan_split
 from energon_pack.data.blend_mix import metadataset_yaml
 from tests.support.plan_blend_runs import SOURCES, WEIGHTS, make_plan_blend, plan_compositions, worst_window
 
@@ -96,7 +100,42 @@ def test_blend_selection_numbers_samples_globally_and_names_bad_leaves():
 
 def test_settings_a_plan_cannot_meet_are_named():
     assert "supervised" in blend_plan_problem(PackingConfig(seq_length=W, blend_unit="supervised_tokens"))
+    assert "balance_steps" in blend_plan_problem(PackingConfig(seq_length=W, balance_steps=True, cost_model="qwen2.5-vl-7b"))
     assert blend_plan_problem(PackingConfig(seq_length=W, blend_unit="tokens")) is None
+
+
+SHIFT = ({"step": 0, "weights": [0.9, 0.1]}, {"step": 10, "weights": [0.1, 0.9]})
+
+
+def test_a_plan_schedule_counts_steps_of_dp_times_micro_batches_rows():
+    config = PackingConfig(seq_length=W, blend_schedule=SHIFT, micro_batches_per_step=2, topology=ParallelTopology(dp=2))
+    schedule = PlanSchedule.of(config, leaves(1, 1))
+    assert schedule.step_rows == 4 and schedule.part_rows(20, 64) == 20 and schedule.part_rows(40, 64) == 64
+    assert schedule.targets(3, start=39).tolist() == [[0.9, 0.1], [0.1, 0.9], [0.1, 0.9]]
+    with pytest.raises(UsageError, match="3 datasets"):
+        PlanSchedule.of(config, leaves(1, 1, 1))
+    with pytest.raises(UsageError, match="blend_epochized"):
+        PlanSchedule.of(config, {**leaves(1, 1), "mode": "repetitions"})
+
+
+def test_scheduled_rows_follow_the_shares_of_each_step():
+    # Samples of 10 units; a row packs 10 samples (100 units); 4 rows a step.
+    units = np.full(4000, 10.0)
+    streams = [np.arange(0, 2000), np.arange(2000, 4000)]
+    schedule = PlanSchedule.of(PackingConfig(seq_length=W, blend_schedule=SHIFT, micro_batches_per_step=4), leaves(1, 1))
+
+    def pack(kept):
+        order = np.sort(kept)  # rows homogeneous by source, as best-fit-decreasing makes them
+        return np.arange(0, len(order) + 9, 10)[: -(-len(order) // 10) + 1].clip(max=len(order)), order
+
+    offsets, members = scheduled_rows(streams, units, schedule, seed=0, row_units=100.0, pack=pack)
+    source = (members >= 2000).astype(int)
+    rows = len(offsets) - 1
+    share = np.array([source[offsets[r]:offsets[r + 1]].mean() for r in range(rows)])
+    assert abs(share[:40].mean() - 0.1) < 0.01 and abs(share[40:].mean() - 0.9) < 0.01
+    assert rows > 40 and sorted(members.tolist()) == sorted(set(members.tolist()))  # each sample once
+    # the plan ends when source 1 (0.9 after step 10) is spent
+    assert (source == 1).sum() > 1900
 
 
 @pytest.fixture(scope="module")
@@ -221,10 +260,21 @@ def test_cli_plans_a_metadataset_and_refuses_what_a_plan_cannot_meet(blend, tmp_
     assert out.exists() and printed.count("measured from facts") == 3
     assert "source 0 (short): samples, tokens, share (tokens) / target" in printed and "/ 0.6000" in printed
     for text, word in (("blend_unit: supervised_tokens", "supervised"),
-                       ("blend_schedule: [{step: 0, weights: [1, 1, 1]}]", "blend_schedule"),
-                       ("blend_unit: tokens\nbalance_steps: true", "balance_steps")):
+                       ("blend_schedule: [{step: 0, weights: [1, 1]}]", "blend_schedule"),
+                       ("blend_unit: tokens\nbalance_steps: true\ncost_model: qwen2.5-vl-7b", "reorder")):
         config.write_text(f"seq_length: {W}\n{text}\n")
         code = main(["plan", str(blend), "--config", str(config), "--out", str(tmp_path / "y.plan")])
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and word in lines[0] and "fix" in lines[0]
     assert not (tmp_path / "y.plan").exists()
+
+
+@pytest.mark.slow
+def test_a_scheduled_plan_shifts_its_shares_at_the_step(blend, processor):
+    schedule = [{"step": 0, "weights": [0.9, 0.05, 0.05]}, {"step": 10, "weights": [0.1, 0.45, 0.45]}]
+    plan, _ = plan_of(blend, processor, blend_schedule=schedule, micro_batches_per_step=4)
+    assert plan.fingerprint["packing"]["blend_step_rows"] == 4
+    compositions = plan_compositions(plan)
+    before, after = compositions[4:40].sum(0), compositions[48:].sum(0)  # steps 1-9, steps 12 on
+    assert np.abs(before / before.sum() - [0.9, 0.05, 0.05]).max() < 0.03
+    assert plan.num_rows > 64 and np.abs(after / after.sum() - [0.1, 0.45, 0.45]).max() < 0.03

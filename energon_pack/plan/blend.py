@@ -17,6 +17,11 @@ so a random permutation front-loads one source. Rows are instead taken one at a 
 next row of each source's bucket (rows grouped by the source holding most of their units, each
 bucket in a seeded order), the one after which the units read so far are closest to the target
 shares: every stretch of rows then carries the shares to within about one row's units.
+
+Schedules (:class:`PlanSchedule`, :func:`scheduled_rows`): position p of the plan is in global step
+``p // (topology.dp * micro_batches_per_step)``; the plan is built in parts (at most 64 rows, ending
+at the points of a ``step`` schedule), each selected, packed and interleaved toward its positions'
+shares.
 """
 
 from __future__ import annotations
@@ -29,20 +34,22 @@ import numpy as np
 
 from energon_pack.config import PackingConfig
 from energon_pack.config.blend import BlendPoint, schedule_size_problem, weights_problem
-from energon_pack.identity import schedule_step_rows
 from energon_pack.errors import UsageError
+from energon_pack.identity import schedule_step_rows
 from energon_pack.packing.blend import scheduled_weights
 
 __all__ = [
+    "PlanSchedule",
     "blend_plan_problem",
     "blend_report",
     "blend_row_order",
     "blend_selection",
-    "PlanSchedule",
+    "good_samples",
+    "interleave_rows",
     "reorder_rows",
+    "row_compositions",
     "scheduled_rows",
     "seeded_streams",
-    "interleave_rows",
     "select_by_repetitions",
     "select_by_weights",
 ]
@@ -72,27 +79,26 @@ def blend_plan_problem(config: PackingConfig) -> str | None:
 
 
 def blend_selection(
-    tokens: np.ndarray, blend: Mapping[str, Any], *, unit: str, seed: int, weights: Sequence[float] | None = None
+    tokens: np.ndarray, blend: Mapping[str, Any], *, unit: str, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(kept, source_of)``: the global sample indices a plan packs (repeated ones listed again, in
     source order) and each global index's source (int [N]).
 
     ``tokens``: int [N], real tokens of every global sample index, negative for a sample not
     measured (skipped); ``blend``: a plan fingerprint's ``dataset.blend`` (mode and leaves with
-    ``samples``, ``weight``, ``repetitions``); ``weights``: replace the leaves' weights (a schedule's
-    mean shares over the plan). Example: two leaves of 2 samples, tokens
+    ``samples``, ``weight``, ``repetitions``). Example: two leaves of 2 samples, tokens
     ``[10, 10, 5, 5]``, weights 1:1 under ``tokens``: source 1 runs out first (10 tokens), source 0
     gives a seeded one of its samples -> kept ``[1, 2, 3]`` (or ``[0, 2, 3]``), source_of ``[0, 0, 1, 1]``.
     """
     leaves = blend["leaves"]
     good, source_of = good_samples(tokens, blend)
-    if weights is None and blend["mode"] == "weights":
-        weights = [leaf["weight"] for leaf in leaves]
+    weights = [leaf["weight"] for leaf in leaves]
+    if blend["mode"] == "weights":
         problem = weights_problem("the metadataset's blend weights", weights)
         if problem is not None:
             raise UsageError(problem)
     for leaf, samples in zip(leaves, good):
-        if not len(samples) and blend["mode"] == "weights":
+        if not len(samples) and blend["mode"] == "weights" and leaf["weight"] > 0:
             raise UsageError(
                 f"blend leaf {leaf['path']!r} (split {leaf['split']!r}): none of its {leaf['samples']} samples can be "
                 f"packed (all skipped), so its weight {leaf['weight']} can never be met; fix: see the plan's skip "

@@ -278,3 +278,10 @@ def test_a_scheduled_plan_shifts_its_shares_at_the_step(blend, processor):
     before, after = compositions[4:40].sum(0), compositions[48:].sum(0)  # steps 1-9, steps 12 on
     assert np.abs(before / before.sum() - [0.9, 0.05, 0.05]).max() < 0.03
     assert plan.num_rows > 64 and np.abs(after / after.sum() - [0.1, 0.45, 0.45]).max() < 0.03
+    # Read at DP2 x 2 (the same 4 rows a step): accepted; 2 rows a step: refused, naming the field.
+    same = config_of(blend_schedule=schedule, micro_batches_per_step=2, topology=ParallelTopology(dp=2))
+    loader(blend, processor, plan, same, rank=1, world_size=2).close()
+    from energon_pack.identity import ResumeMismatchError
+
+    with pytest.raises(ResumeMismatchError, match="blend_step_rows"):
+        loader(blend, processor, plan, config_of(blend_schedule=schedule, micro_batches_per_step=2))

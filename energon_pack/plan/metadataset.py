@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_pack.core.dataset_path import METADATASET_SUFFIXES
+from energon_pack.errors import UsageError
 
 __all__ = ["BlendLeaf", "PlannedLeaf", "blend_leaves", "is_metadataset", "planned_leaves"]
 
@@ -53,8 +54,9 @@ def is_metadataset(path: Any) -> bool:
 
 def blend_leaves(path: Any, split: str) -> tuple[str, list[BlendLeaf]]:
     """``(mode, leaves)`` of ``split`` of the metadataset at ``path``: mode ``"weights"`` (``blend``,
-    or one dataset: weight 1) or ``"repetitions"`` (``blend_epochized``). A leaf whose split holds a
-    subset of its samples (``subset:``) raises ValueError: a plan addresses whole splits.
+    or one dataset: weight 1) or ``"repetitions"`` (``blend_epochized``). A file Energon cannot read
+    as a metadataset with that split raises ``UsageError`` (Energon's reason on one line), and so
+    does a leaf whose split holds a subset of its samples (``subset:``): a plan addresses whole splits.
     """
     from megatron.energon import WorkerConfig
     from megatron.energon.metadataset.loader import load_dataset
@@ -62,19 +64,27 @@ def blend_leaves(path: Any, split: str) -> tuple[str, list[BlendLeaf]]:
 
     from energon_pack.formats.dispatch import reading_formats
 
-    with reading_formats():
-        metadataset = load_dataset(path)
-        references = metadataset.traverse(split_part=split)
-        loaded = metadataset.get_datasets(
-            training=False, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0)
-        )
+    try:
+        with reading_formats():
+            metadataset = load_dataset(path)
+            references = metadataset.traverse(split_part=split)
+            loaded = metadataset.get_datasets(
+                training=False, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0)
+            )
+    except Exception as err:  # Energon's own errors about the YAML, its leaves or the split
+        detail = " ".join(f"{type(err).__name__}: {err}".split())
+        raise UsageError(
+            f"{os.fspath(path)}: Energon cannot read split {split!r} of this metadataset ({detail}); fix: pass a split "
+            "it defines (--split) of an Energon metadataset (v2: __module__: megatron.energon, __class__: MetadatasetV2, "
+            "splits: {train: {blend: [{weight: 1, path: ./dataset}, ...]}}) whose leaves are prepared datasets"
+        ) from err
     mode = "repetitions" if loaded.blend_mode == DatasetBlendMode.SAMPLE_REPETITIONS else "weights"
     leaves = []
     for reference, entry in zip(references, loaded.datasets, strict=True):
         factory = entry.dataset
         shards = getattr(factory, "shards", None)
         if shards is not None and len(factory) != sum(int(s.count) for s in shards) - len(factory.sample_excludes):
-            raise ValueError(
+            raise UsageError(
                 f"{path}: leaf {reference.path} reads {len(factory)} samples of split {reference.split_part!r}, "
                 "a subset of it; a pack plan addresses whole splits; fix: remove `subset:` from the metadataset, "
                 "or plan without a pack plan (the online loader reads subsets)"

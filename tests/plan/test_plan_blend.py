@@ -267,6 +267,15 @@ def test_cli_plans_a_metadataset_and_refuses_what_a_plan_cannot_meet(blend, tmp_
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and word in lines[0] and "fix" in lines[0]
     assert not (tmp_path / "y.plan").exists()
+    config.write_text(f"seq_length: {W}\nblend_unit: tokens\n")
+    missing_leaf = tmp_path / "missing_leaf.yaml"
+    missing_leaf.write_text(metadataset_yaml(["nope"], weights=[1]).replace("./nope", str(tmp_path / "nope")))
+    for dataset, split, words in ((config, "train", ("splits", "fix")), (missing_leaf, "train", ("nope", "fix")),
+                                  (blend, "val", ("'val'", "--split"))):
+        code = main(["plan", str(dataset), "--split", split, "--config", str(config), "--out", str(tmp_path / "y.plan")])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and all(word in lines[0] for word in words), lines
+    assert not (tmp_path / "y.plan").exists()
 
 
 @pytest.mark.slow

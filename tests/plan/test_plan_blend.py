@@ -197,6 +197,7 @@ def test_the_plan_loader_reads_each_leaf_with_its_subflavors_and_resumes_at_anot
     expected = np.searchsorted(starts, plan.global_indices(reference[0]["__plan__"]["row"]), side="right") - 1
     assert [leaf_of[s] for s in sources] == expected.tolist()
     assert [row["__plan__"]["row"] for row in reference] == list(range(10))  # the stored, interleaved order
+    assert one.source.plan_row(plan.num_rows + 3) == (1, 3)  # every epoch in that order
     # Save at DP2 after 3 rows per rank, restore at DP1: rows 6.. continue exactly.
     ranks = [loader(blend, processor, plan, config, rank=r, world_size=2) for r in range(2)]
     for dp_loader in ranks:

@@ -46,6 +46,7 @@ __all__ = [
     "blend_selection",
     "good_samples",
     "interleave_rows",
+    "planned_sources",
     "reorder_rows",
     "row_compositions",
     "scheduled_rows",
@@ -367,26 +368,46 @@ def interleave_rows(compositions: np.ndarray, *, seed: int, targets: np.ndarray 
     return order
 
 
+def planned_sources(plan: Any) -> list[dict[str, Any]]:
+    """Per leaf of a metadataset's plan (``PackPlan`` or ``MappedPlan``): its blend entry (index,
+    path, subflavors, weight, repetitions) and what the plan holds of it: ``samples``,
+    ``real_tokens`` and their shares of the plan's.
+
+    Example: ``[{"index": 0, "path": "short", ..., "samples": 1200, "real_tokens": 227837,
+    "samples_share": 0.8664, "real_tokens_share": 0.6009}, ...]``.
+    """
+    leaves = plan.fingerprint["dataset"]["blend"]["leaves"]
+    leaf_of_shard = np.array([int(name.split(":", 1)[0]) for name, _, _ in plan.shards], dtype=np.int64)
+    members = plan.num_samples
+    leaf = leaf_of_shard[plan._slice("member_shard", 0, members)]
+    samples = np.bincount(leaf, minlength=len(leaves))
+    tokens = np.bincount(leaf, weights=plan._slice("member_tokens", 0, members), minlength=len(leaves))
+    return [
+        {
+            "index": number, **{key: described[key] for key in ("path", "subflavors", "weight", "repetitions")},
+            "samples": int(samples[number]), "real_tokens": int(tokens[number]),
+            "samples_share": float(samples[number] / max(1, samples.sum())),
+            "real_tokens_share": float(tokens[number] / max(1.0, tokens.sum())),
+        }
+        for number, described in enumerate(leaves)
+    ]
+
+
 def blend_report(plan: Any, unit: str) -> list[dict[str, Any]]:
     """Rows of the ``energon-pack plan`` report for a metadataset's plan: per leaf, its samples and
     real tokens in the plan and its share in ``unit`` against its weight's share (``blend``).
 
     Example: ``[{"metric": "source 0 (short): samples, tokens, share (tokens) / target", "value":
-    "1200, 240100, 0.6009 / 0.6000"}, ...]``.
+    "1200, 227837, 0.6009 / 0.6000"}, ...]``.
     """
-    leaves = plan.fingerprint["dataset"]["blend"]["leaves"]
-    leaf_of_shard = np.array([int(name.split(":", 1)[0]) for name, _, _ in plan.shards], dtype=np.int64)
-    leaf = leaf_of_shard[plan.member_shard]
-    samples = np.bincount(leaf, minlength=len(leaves))
-    tokens = np.bincount(leaf, weights=plan.member_tokens, minlength=len(leaves))
-    realized = tokens if unit == "tokens" else samples
-    weights = [leaf["weight"] for leaf in leaves]
-    total_weight = sum(w or 0 for w in weights)
+    sources = planned_sources(plan)
+    total_weight = sum(source["weight"] or 0 for source in sources)
+    share = "real_tokens_share" if unit == "tokens" else "samples_share"
     rows = []
-    for number, described in enumerate(leaves):
-        target = "-" if described["weight"] is None else f"{described['weight'] / total_weight:.4f}"
+    for source in sources:
+        target = "-" if source["weight"] is None else f"{source['weight'] / total_weight:.4f}"
         rows.append({
-            "metric": f"source {number} ({described['path']}): samples, tokens, share ({unit}) / target",
-            "value": f"{samples[number]}, {int(tokens[number])}, {realized[number] / max(1, realized.sum()):.4f} / {target}",
+            "metric": f"source {source['index']} ({source['path']}): samples, tokens, share ({unit}) / target",
+            "value": f"{source['samples']}, {source['real_tokens']}, {source[share]:.4f} / {target}",
         })
     return rows

@@ -52,6 +52,7 @@ from energon_pack.formats.sample_mapping import current_loader_mapping, loader_s
 from energon_pack.packing.balance import BalancedStream, check_balanced_resume, deal_step
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
 from energon_pack.plan.build import dataset_fingerprint, open_split
+from energon_pack.plan.blend import planned_sources
 from energon_pack.plan.file import MappedPlan, PackPlan, open_plan
 from energon_pack.plan.metadataset import PlannedLeaf, planned_leaves
 from energon_pack.packing.planner import is_count
@@ -380,11 +381,14 @@ class PlanDataLoader:
 
     def stats(self) -> dict[str, Any]:
         """This rank's row statistics (decode-time skips by reason) plus the plan's own skips, and
-        the model ``family`` the rows are encoded for (as the online loader reports it)."""
+        the model ``family`` the rows are encoded for (as the online loader reports it); for a
+        metadataset's plan, ``plan_sources``: what the plan holds of each leaf (``plan.blend.planned_sources``)."""
         report = aggregate_stats([self._stats.snapshot()])
         report["plan_rows"] = self.plan.num_rows
         report["plan_skipped"] = dict(self.plan.skipped)
         report["family"] = self.source.encoder.vision.family
+        if "blend" in self.plan.fingerprint["dataset"]:  # a metadataset's plan: what it holds of each leaf
+            report["plan_sources"] = planned_sources(self.plan)
         if self.plan.row_flops is not None:
             flops = self.plan.row_flops.astype("float64")
             report["plan_row_flops"] = {

@@ -198,6 +198,9 @@ def test_the_plan_loader_reads_each_leaf_with_its_subflavors_and_resumes_at_anot
     assert [leaf_of[s] for s in sources] == expected.tolist()
     assert [row["__plan__"]["row"] for row in reference] == list(range(10))  # the stored, interleaved order
     assert one.source.plan_row(plan.num_rows + 3) == (1, 3)  # every epoch in that order
+    sources = one.stats()["plan_sources"]
+    assert [s["subflavors"]["source"] for s in sources] == ["short", "medium", "long"]
+    assert abs(sources[0]["real_tokens_share"] - 0.6) < 0.005 and sum(s["samples"] for s in sources) == plan.num_samples
     # Save at DP2 after 3 rows per rank, restore at DP1: rows 6.. continue exactly.
     ranks = [loader(blend, processor, plan, config, rank=r, world_size=2) for r in range(2)]
     for dp_loader in ranks:

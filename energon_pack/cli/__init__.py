@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
     bench.add_argument(
-        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "blend", "all"), default="all", help="which benchmark to run"
+        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "blend", "balance", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     add_working_folder(bench, "bench")
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     loader.add_argument("--epochs", type=int, default=3, help="interleaved runs (finite epochs) per setting")
     loader.add_argument("--prefetch-factor", type=int, default=2, help="rows each worker builds ahead")
     blend = bench.add_argument_group("blend stage (also --dataset: a metadataset YAML, --seq-length, --workers)")
-    blend.add_argument("--rows", type=int_at_least(1), default=200, help="rows read per blend unit")
+    blend.add_argument("--rows", type=int_at_least(1), default=200, help="rows read per blend unit (balance stage: per rank)")
     blend.add_argument(
         "--blend-units", type=lambda text: text.split(","), default="samples,tokens,supervised_tokens",
         help="blend units compared, comma-separated",
@@ -332,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--baseline", type=Path, default=None,
         help="root of another checkout whose energon_pack also prepares the Parquet file, interleaved (default: none)",
     )
+    balance = bench.add_argument_group(
+        "balance stage: balanced steps without a plan on real loaders (also --dataset, --seq-length, --workers, --rows)"
+    )
+    balance.add_argument("--balance-dp", type=int_at_least(1), default=4, help="data-parallel ranks (each a real loader)")
+    balance.add_argument("--balance-micro", type=int_at_least(1), default=2, help="micro-batches per step")
+    balance.add_argument("--window-rows", type=int_at_least(1), default=64, help="rows per worker window")
+    balance.add_argument("--cost-model", default="qwen2.5-vl-3b", help="model the rows are costed with")
     realistic = bench.add_argument_group(
         "--media realistic (also --seq-length, --workers, --epochs, --prefetch-factor; the first of --buffer-sizes)"
     )

@@ -28,6 +28,8 @@ ratio holds on a noisy machine.
 - ``blend`` (`bench_blend`): a metadataset blend read under each ``blend_unit``: per source its
   weight's share against the realized shares of samples, real and supervised tokens, and fill
   (not in ``--stage all``: it compares units, not ours against HF).
+- ``balance`` (`bench_balance`): balanced steps without a plan on real loaders of several ranks:
+  step imbalance from the rows' own FLOPs, today's order against balanced windows (not in ``--stage all``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_pack.core.tables import format_table
+from energon_pack.tools.bench_balance import balance_options, bench_balance
 from energon_pack.tools.bench_blend import bench_blend, blend_options
 from energon_pack.tools.bench_foreign import bench_foreign
 from energon_pack.errors import UsageError
@@ -64,11 +67,13 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "foreign": bench_foreign,
     "prepare": bench_prepare,
     "blend": bench_blend,
+    "balance": bench_balance,
 }
 #: Stages whose benchmark takes options from the command line and prints its own tables.
 OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "loader": loader_options, "plan": plan_options, "foreign": lambda args: None, "prepare": prepare_options,
     "blend": blend_options,
+    "balance": balance_options,
 }
 #: Stages of ``--stage all``, in run order.
 STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-import numpy as np
 import pytest
 
 from energon_pack.config import PackingConfig
 from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
+from energon_pack.tools.bench_balance import rank_row_flops, step_imbalance
 from tests.support.loader_runs import EAGER, row_digest
 
 # Slow: real Energon loaders with worker processes.
@@ -36,30 +36,13 @@ def dataset(tmp_path_factory):
                                   samples_per_shard=20).out_dir
 
 
-def rank_flops(dataset, processor, config: PackingConfig, *, dp: int, rows: int) -> tuple[np.ndarray, list[dict]]:
-    """Each rank's first ``rows`` rows' FLOPs [dp, rows] (in the order the rank reads them) and its stats."""
-    flops, stats = [], []
-    for rank in range(dp):
-        with get_packing_loader(dataset, config, processor, rank=rank, world_size=dp) as loader:
-            iterator = iter(loader)
-            flops.append([next(iterator)["row_cost"]["flops"] for _ in range(rows)])
-            stats.append(loader.stats())
-    return np.array(flops, dtype=np.float64), stats
-
-
-def step_imbalance(flops: np.ndarray) -> float:
-    """Mean over steps of the slowest rank's cost / the mean rank's (a step: each rank's next MICRO rows)."""
-    steps = flops.reshape(flops.shape[0], -1, MICRO).sum(axis=2)
-    return float((steps.max(axis=0) / steps.mean(axis=0)).mean())
-
-
 def test_four_ranks_wait_less_with_balanced_steps(dataset, processor) -> None:
     """DP4 x 2 micro-batches, two workers per rank, two windows of 8 rows each: the slowest rank's
     excess over the mean rank drops by more than 30 % against today's order (measured: 1.058 ->
     1.035; windows this small leave most of the rest, see docs/balanced_steps.md)."""
-    today, today_stats = rank_flops(dataset, processor, make_config(False), dp=4, rows=32)
-    balanced, stats = rank_flops(dataset, processor, make_config(True), dp=4, rows=32)
-    before, after = step_imbalance(today), step_imbalance(balanced)
+    today, today_stats = rank_row_flops(dataset, make_config(False), processor, dp=4, rows=32)
+    balanced, stats = rank_row_flops(dataset, make_config(True), processor, dp=4, rows=32)
+    before, after = step_imbalance(today, MICRO).mean(), step_imbalance(balanced, MICRO).mean()
     assert after - 1 < (before - 1) * 0.7, (before, after)
     report = stats[0]["balanced_row_flops"]
     assert report["rows"] >= 16 and report["cv"] > 0.01

@@ -1,0 +1,111 @@
+"""``energon-pack bench --stage balance``: balanced steps without a plan, on real online loaders.
+
+``--balance-dp`` ranks, each a real loader with ``--workers`` processes, read ``--rows`` rows of
+``--seq-length`` (``repeat``), today's order and with ``balance_steps: true`` (windows of
+``--window-rows`` rows per worker, ``micro_batches_per_step`` = ``--balance-micro``); a step is each
+rank's next ``--balance-micro`` rows, costed with the rows' own ``row_cost["flops"]`` (cost model
+``--cost-model``). The table shows the step imbalance (mean over steps of the slowest rank's cost
+over the mean rank's), its p99, the row cost CV and fill, today against balanced. Without
+``--dataset`` the bench reads the synthetic image + video mix of ``--samples`` samples (made once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energon_pack.tools.common import BenchRows
+
+COLUMNS = ["order", "step imbalance (mean)", "p99", "row cost CV", "fill", "rows per rank"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BalanceBenchOptions:
+    """The balance bench's knobs: dataset (None: the synthetic mix), row width, ranks, micro-batches
+    per step, worker processes per rank, rows per rank, window rows per worker, cost model."""
+
+    dataset: str | None = None
+    seq_length: int = 1024
+    dp: int = 4
+    micro: int = 2
+    workers: int = 2
+    rows: int = 256
+    window_rows: int = 64
+    cost_model: str = "qwen2.5-vl-3b"
+
+
+def balance_options(args: Any) -> BalanceBenchOptions:
+    """The knobs from the command line."""
+    return BalanceBenchOptions(
+        dataset=getattr(args, "dataset", None), seq_length=args.seq_length or 1024, dp=args.balance_dp,
+        micro=args.balance_micro, workers=args.workers, rows=args.rows, window_rows=args.window_rows,
+        cost_model=args.cost_model,
+    )
+
+
+def step_costs(flops: np.ndarray, micro: int) -> np.ndarray:
+    """Per rank and step, the summed cost of the rank's ``micro`` rows of that step: [dp, rows // micro].
+
+    Example: ``step_costs(np.array([[1, 2, 3, 4]]), 2)`` -> ``[[3, 7]]``.
+    """
+    steps = flops.shape[1] // micro
+    return flops[:, : steps * micro].reshape(flops.shape[0], steps, micro).sum(axis=2)
+
+
+def step_imbalance(flops: np.ndarray, micro: int) -> np.ndarray:
+    """Per step, the slowest rank's cost over the mean rank's (``flops``: [dp, rows] in reading order).
+
+    Example: ranks [[1, 1], [3, 3]], one row a step -> ``[1.5, 1.5]``.
+    """
+    steps = step_costs(flops, micro)
+    return steps.max(axis=0) / steps.mean(axis=0)
+
+
+def rank_row_flops(path: Any, config: Any, processor: Any, *, dp: int, rows: int) -> tuple[np.ndarray, list[dict]]:
+    """Each rank's first ``rows`` rows' modelled FLOPs [dp, rows], in the order the rank reads them,
+    and each rank's loader stats."""
+    from energon_pack.loader import get_packing_loader
+
+    flops, stats = [], []
+    for rank in range(dp):
+        with get_packing_loader(path, config, processor, rank=rank, world_size=dp) as loader:
+            iterator = iter(loader)
+            flops.append([next(iterator)["row_cost"]["flops"] for _ in range(rows)])
+            stats.append(loader.stats())
+    return np.array(flops, dtype=np.float64), stats
+
+
+def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions) -> list[tuple[str, BenchRows, list[str]]]:
+    """One table: today's order against balanced windows, from real loaders' rows."""
+    from energon_pack.config import PackingConfig
+    from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
+    from energon_pack.qwen.processor import load_processor
+
+    path = options.dataset
+    if path is None:
+        folder = work_dir / f"balance-{num_samples}"
+        if not (folder / "dataset" / ".nv-meta").is_dir():
+            spec = SyntheticSpec(max_image_side=768, max_video_seconds=2.0, max_video_side=96)
+            make_synthetic_dataset(folder, num_samples, seed=5, spec=spec, samples_per_shard=20)
+        path = str(folder / "dataset")
+    processor = load_processor()
+    table: BenchRows = []
+    for balance in (False, True):
+        config = PackingConfig(
+            seq_length=options.seq_length, num_workers=options.workers, repeat=True, cost_model=options.cost_model,
+            balance_steps=balance, micro_batches_per_step=options.micro, balance_window_rows=options.window_rows,
+        )
+        flops, stats = rank_row_flops(path, config, processor, dp=options.dp, rows=options.rows)
+        ratios = step_imbalance(flops, options.micro)
+        fill = sum(s["real_tokens"] for s in stats) / max(1, sum(s["row_slots"] for s in stats))
+        table.append({
+            "order": f"balanced (windows of {options.window_rows} rows)" if balance else "today",
+            "step imbalance (mean)": f"{ratios.mean():.4f}", "p99": f"{np.percentile(ratios, 99):.4f}",
+            "row cost CV": f"{flops.std() / flops.mean():.3f}", "fill": f"{fill:.4f}", "rows per rank": options.rows,
+        })
+    title = (f"balanced steps without a plan, real loaders ({path}; DP{options.dp} x {options.micro} micro-batches, "
+             f"{options.workers} workers per rank, W={options.seq_length}, cost model {options.cost_model})")
+    return [(title, table, COLUMNS)]

@@ -37,6 +37,12 @@ class Encoding:
     options: dict[str, str]
     intervals: int = 1
 
+    def encoder_options(self, interval: int) -> dict[str, str]:
+        """``options`` for a keyframe every ``interval`` frames.
+
+        Example: ``ENCODINGS["h264-web"].encoder_options(30)["x264-params"]`` -> "keyint=30:min-keyint=30:scenecut=0"."""
+        return {name: value.format(interval=interval) for name, value in self.options.items()}
+
 
 #: Encodings by name. ``ultrafast``: x264 without CABAC or B-frames (cheap to decode; CRF 27, or
 #: 40 for flat frames). ``h264-web``: x264 ``veryfast`` CRF 23 (CABAC, deblocking, 3 B-frames, closed
@@ -135,7 +141,7 @@ def make_clip(spec: ClipSpec) -> bytes:
         flat, step = _distinct_frames(spec), max(1, spec.fps // 2)  # the flat frames' bar moves twice a second
         frames = (flat[(index // step) % DISTINCT_FRAMES] for index in range(count))
     buffer = io.BytesIO()
-    options = {name: value.format(interval=spec.keyframe_interval) for name, value in encoding.options.items()}
+    options = encoding.encoder_options(spec.keyframe_interval)
     options.setdefault("crf", "27" if spec.noise else "40")
     with av.open(buffer, mode="w", format="mp4") as output:
         stream = output.add_stream(encoding.codec, rate=Fraction(spec.fps), options=options)

@@ -1,6 +1,6 @@
 # `make demo`, `make test` (everything, what CI runs: the main suite, then the compatibility run),
 # `make test-fast` (the quick loop: no worker processes, torchrun, notebooks or model oracle) and
-# `make test-profile` (the main suite's seconds per test folder).
+# `make test-profile` (the main suite's seconds per test folder) and `make gpu-check` (on a CUDA machine).
 # Each creates the virtual environment it needs when missing.
 PYTHON ?= python3
 VENV := .venv

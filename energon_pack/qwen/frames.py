@@ -28,7 +28,7 @@ Frame index i is the i-th frame a full sequential decode outputs (what preencode
   the scanned one (pts and flags; Matroska leaves dts unset after a seek), frames showing before
   the landing keyframe's pts are ignored (leading pictures of an open GOP) and every other
   output frame must carry a later pts than the last, the frames between being ones the decoder
-  was allowed to skip or whose packets were not sent yet (a drain). Any
+  was allowed to skip or, in a drain, whose packets were not sent. Any
   difference (a frame without pts, one dropped or out of order, a seek landing elsewhere) stops the
   seeking decode; the video is then decoded again from its start, sequentially, counting frames.
 - The sequential decode (`decode_threads` aside, today's behaviour) counts the frames it outputs
@@ -257,10 +257,11 @@ def _seeking(container: Any, stream: Any, index: StreamIndex, frame_indices: Seq
                 if frame.pts < floor:
                     continue
                 shown = frame_at.get(frame.pts, -1)
-                if shown < cursor or not all(
-                    frame_pts[missing] in skipped or index.frame_packet[missing] > sent for missing in range(cursor, shown)
+                if shown < cursor or not all(  # a drain outputs what it holds: frames not sent yet are missing
+                    frame_pts[missing] in skipped or packet is None and index.frame_packet[missing] > sent
+                    for missing in range(cursor, shown)
                 ):
-                    raise _NotExact  # a frame out of order, or one missing that was sent to be decoded
+                    raise _NotExact  # a frame out of order, or one missing that was decoded
                 cursor = shown
                 if cursor == frame_indices[position]:
                     yield position, frame

@@ -1,6 +1,6 @@
 # `make demo`, `make test` (everything, what CI runs: the main suite, then the compatibility run),
 # `make test-fast` (the quick loop: no worker processes, torchrun, notebooks or model oracle) and
-# `make test-profile` (the main suite's seconds per test folder).
+# `make test-profile` (the main suite's seconds per test folder) and `make gpu-check` (on a CUDA machine).
 # Each creates the virtual environment it needs when missing.
 PYTHON ?= python3
 VENV := .venv
@@ -30,7 +30,7 @@ COMPAT_TESTS := tests/qwen/test_rope.py tests/qwen/test_geometry.py tests/qwen/t
 	tests/formats/test_bridge_format_compat.py \
 	tests/data/test_parquet_input.py::test_a_datasets_save_to_disk_folder
 
-.PHONY: demo test test-fast test-profile test-compat install install-test clean
+.PHONY: demo test test-fast test-profile test-compat gpu-check install install-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,13 @@ test-fast: install-test
 # The whole main suite with the seconds spent per test folder (the compatibility run not included).
 test-profile: install-test
 	$(PYTEST) --folder-times
+
+# On a machine with CUDA: the CUDA tests, to_device_batch rates (uint8 vs float32 payload), the tiny
+# Qwen2.5-VL packed vs each sample alone (float32, bfloat16; forward and backward) and the loader's
+# samples/s on the realistic mix with 1-14 workers: one table, cut at 8 minutes
+# (tests/support/gpu_check.py). Without CUDA it says so and exits 0.
+gpu-check: install-test
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 timeout 480 $(PY) -m tests.support.gpu_check
 
 test-compat:
 	@if [ -n "$(PYTHON312)" ] && "$(PYTHON312)" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \

@@ -15,12 +15,20 @@ Frame index i is the i-th frame a full sequential decode outputs (what preencode
   ``total_frames``: frame i then has the i-th smallest pts.
 - For a sampled frame, the seek point is the last keyframe before its packet (decode order) with a
   pts at most its pts (`StreamIndex.seek_point`). The decoder seeks there only when that skips
-  packets not yet sent (sampled frames sparser than keyframes); otherwise it decodes through.
+  packets not yet sent (sampled frames sparser than keyframes); otherwise it decodes through. The
+  seek tries the keyframe's pts, its dts and a time just before the next keyframe, and takes the
+  one that lands on it (B-frames put a keyframe's dts below its pts: a backward seek to the dts of
+  an MP4 keyframe finds the keyframe before, and two GOPs are decoded instead of one).
+- Packets that come before every remaining sampled frame's packet go to H.264 / HEVC decoders with
+  ``skip_frame = "NONREF"``: pictures no other picture references (most B-frames) are not decoded.
+  Once a sampled frame's packet is sent and the next sampled frame will be sought, the decoder is
+  drained instead of fed the packets its reordering delay would want (the seek flushes it anyway).
 - After a seek, the first demuxed packet must be a scanned keyframe at or before that one (an MP4
   edit list may land the demuxer earlier) and past what was decoded, every later packet must be
   the scanned one (pts and flags; Matroska leaves dts unset after a seek), frames showing before
   the landing keyframe's pts are ignored (leading pictures of an open GOP) and every other
-  output frame must carry the next pts in order. Any
+  output frame must carry a later pts than the last, the frames between being ones the decoder
+  was allowed to skip or, in a drain, whose packets were not sent. Any
   difference (a frame without pts, one dropped or out of order, a seek landing elsewhere) stops the
   seeking decode; the video is then decoded again from its start, sequentially, counting frames.
 - The sequential decode (`decode_threads` aside, today's behaviour) counts the frames it outputs
@@ -57,6 +65,11 @@ __all__ = ["StreamIndex", "sampled_frames"]
 #: A seek is taken only when it skips at least this many packets (a seek and a decoder flush cost
 #: about as much as decoding a few frames).
 MIN_SKIPPED_PACKETS = 8
+
+
+#: Decoders (FFmpeg's own) that apply ``skip_frame`` to each packet as it is sent, with or without
+#: frame threads; others (libdav1d: at output, frames later) are never asked to skip.
+SKIPS_PER_PACKET = frozenset({"h264", "hevc"})
 
 
 class _NotExact(Exception):
@@ -194,43 +207,79 @@ def _sequential(data: bytes, frame_indices: Sequence[int], total_frames: int, th
 
 def _seeking(container: Any, stream: Any, index: StreamIndex, frame_indices: Sequence[int]) -> Iterator[tuple[int, Any]]:
     """The sampled frames, seeking to `StreamIndex.seek_point` where that skips packets; raises
-    `_NotExact` at the first frame or packet that differs from the scan."""
+    `_NotExact` at the first frame or packet that differs from the scan.
+
+    Packets before every remaining sampled frame's packet (decode order) go to the decoder with
+    ``skip_frame = "NONREF"`` (decoders in `SKIPS_PER_PACKET`): it skips the pictures no other
+    picture references (H.264 ``nal_ref_idc`` 0, HEVC sub-layer non-reference pictures: about half
+    of a B-frame stream), whose frames may then be missing from the output, and no other. When the next sampled frame will be
+    sought, the decoder is drained (end of stream) once the current one's packet is sent, instead of
+    decoding the packets its reordering delay would otherwise need (the seek flushes it anyway)."""
     frame_pts, packets = index.frame_pts, index.packets
     assert frame_pts is not None
+    # needed[p]: the first decode position a sampled frame from position p on needs (its packet).
+    needed = list(itertools.accumulate((index.frame_packet[frame] for frame in reversed(frame_indices)), min))[::-1]
+    context = stream.codec_context
     position = 0  # next sampled frame (position in frame_indices)
     sent = -1  # decode position of the last packet sent to the decoder
-    cursor = 0  # frame index the next output frame must be
+    cursor = 0  # frame index the next output frame must be at least
     floor = frame_pts[0]  # output frames with a smaller pts are ignored (leading pictures after a seek)
+    skipped: set[int] = set()  # pts of packets sent with NONREF: their frames may be missing
+    frame_at = {pts: frame for frame, pts in enumerate(frame_pts)}
     demuxer = container.demux(stream)
     sought = -1  # the sampled frame last sought for (one seek per sampled frame at most)
-    while position < len(frame_indices):
-        start = index.seek_point(frame_indices[position])
-        if start - sent > MIN_SKIPPED_PACKETS and sought != position:
-            demuxer, landing = _seek(container, stream, index, start, after=sent)
-            sought, sent, floor = position, landing - 1, packets[landing][0]
-            cursor = bisect.bisect_left(frame_pts, floor)
-        packet = next(demuxer, None)
-        if packet is None:
-            raise _NotExact
-        if packet.size > 0:
-            sent += 1
-            if sent >= len(packets) or not _same(packet, packets[sent]):
-                raise _NotExact  # the demuxer reads differently than the scan
-        for frame in stream.decode(packet if packet.size > 0 else None):
-            if frame.pts is None:
-                raise _NotExact
-            if frame.pts < floor:
-                continue
-            if cursor >= len(frame_pts) or frame.pts != frame_pts[cursor]:
-                raise _NotExact
-            if cursor == frame_indices[position]:
-                yield position, frame
-                position += 1
-                if position == len(frame_indices):
-                    return
-            cursor += 1
-        if packet.size <= 0:
-            raise _NotExact  # the stream ended before a sampled frame
+    order = [0, 1, 2]  # seek timestamps to try, the one that landed last first (`_seek`)
+    try:
+        while position < len(frame_indices):
+            start = index.seek_point(frame_indices[position])
+            if start - sent > MIN_SKIPPED_PACKETS and sought != position:
+                demuxer, landing = _seek(container, stream, index, start, after=sent, order=order)
+                sought, sent, floor = position, landing - 1, packets[landing][0]
+                cursor = bisect.bisect_left(frame_pts, floor)
+            if sent >= index.frame_packet[frame_indices[position]] and _sought_next(index, frame_indices, position, sent):
+                packet = None  # drain: the current frame's packets are all sent, the next one is sought
+            else:
+                packet = next(demuxer, None)
+                if packet is None:
+                    raise _NotExact
+            if packet is not None and packet.size > 0:
+                sent += 1
+                if sent >= len(packets) or not _same(packet, packets[sent]):
+                    raise _NotExact  # the demuxer reads differently than the scan
+                skipping = sent < needed[position] and context.name in SKIPS_PER_PACKET
+                context.skip_frame = "NONREF" if skipping else "DEFAULT"
+                if skipping:
+                    skipped.add(packets[sent][0])
+            target = position
+            for frame in stream.decode(packet if packet is not None and packet.size > 0 else None):
+                if frame.pts is None:
+                    raise _NotExact
+                if frame.pts < floor:
+                    continue
+                shown = frame_at.get(frame.pts, -1)
+                if shown < cursor or not all(  # a drain outputs what it holds: frames not sent yet are missing
+                    frame_pts[missing] in skipped or packet is None and index.frame_packet[missing] > sent
+                    for missing in range(cursor, shown)
+                ):
+                    raise _NotExact  # a frame out of order, or one missing that was decoded
+                cursor = shown
+                if cursor == frame_indices[position]:
+                    yield position, frame
+                    position += 1
+                    if position == len(frame_indices):
+                        return
+                cursor += 1
+            if packet is not None and packet.size <= 0 or packet is None and position == target:
+                raise _NotExact  # the stream (or a drain) ended before a sampled frame
+    finally:
+        context.skip_frame = "DEFAULT"
+
+
+def _sought_next(index: StreamIndex, frame_indices: Sequence[int], position: int, sent: int) -> bool:
+    """Whether the sampled frame after ``position`` will be sought (or there is none), once the
+    packets up to decode position ``sent`` are sent."""
+    following = position + 1
+    return following == len(frame_indices) or index.seek_point(frame_indices[following]) - sent > MIN_SKIPPED_PACKETS
 
 
 def _facts(packet: Any) -> tuple[int | None, int | None, bool, bool]:
@@ -245,20 +294,54 @@ def _same(packet: Any, facts: tuple[int | None, int | None, bool, bool]) -> bool
     return (got[0], got[2], got[3]) == (facts[0], facts[2], facts[3])
 
 
-def _seek(container: Any, stream: Any, index: StreamIndex, start: int, *, after: int) -> tuple[Iterator[Any], int]:
+def _seek(
+    container: Any, stream: Any, index: StreamIndex, start: int, *, after: int, order: list[int]
+) -> tuple[Iterator[Any], int]:
     """(demuxer at the landing keyframe, its decode position) after seeking for the keyframe at decode
-    position ``start``: by its dts, else its pts (demuxers index either; an MP4 edit list shifts
-    them). It may land on an earlier scanned keyframe, but past ``after`` (the last packet sent);
-    `_NotExact` when neither timestamp lands so."""
+    position ``start``. Demuxers index either timestamp (with B-frames a keyframe's dts lies below
+    its pts, and a backward seek to it can find the keyframe before; an MP4 edit list shifts both),
+    so up to three are tried: its pts, its dts, and just below the next keyframe's smaller one
+    (the last frame's pts after the last keyframe).
+    ``order`` lists their numbers (0, 1, 2) in the order to try them; the one that lands on
+    ``start`` goes first for the next seek (a stream indexes all its keyframes alike). Failing
+    that, the latest scanned keyframe landed on past ``after`` (the last packet sent) is sought
+    again; `_NotExact` when none lands so."""
     pts, dts = index.packets[start][0], index.packets[start][1]
+    following = [index.packets[position] for position in index.keyframes if position > start][:1]
+    assert index.frame_pts is not None
+    before_next = min(v for v in following[0][:2] if v is not None) - 1 if following else index.frame_pts[-1]
+    candidates = (pts, dts, before_next)
     keyframe_at = {index.packets[position][0]: position for position in index.keyframes}
-    for timestamp in dict.fromkeys(value for value in (dts, pts) if value is not None):
-        container.seek(timestamp, stream=stream, backward=True, any_frame=False)
-        demuxer = container.demux(stream)
-        packet = next(demuxer, None)
-        while packet is not None and packet.size <= 0:
-            packet = next(demuxer, None)
+    best: tuple[int, int] | None = None  # (landing, timestamp)
+    tried = set()
+    for number in list(order):
+        timestamp = candidates[number]
+        if timestamp is None or timestamp in tried:
+            continue
+        tried.add(timestamp)
+        demuxer, packet = _sought(container, stream, timestamp)
         landing = keyframe_at.get(packet.pts, -1) if packet is not None else -1
-        if after < landing <= start and _same(packet, index.packets[landing]):
+        if not (after < landing <= start and _same(packet, index.packets[landing])):
+            continue
+        if landing == start:
+            order.remove(number)
+            order.insert(0, number)
             return itertools.chain([packet], demuxer), landing
-    raise _NotExact
+        if best is None or landing > best[0]:
+            best = (landing, timestamp)
+    if best is None:
+        raise _NotExact
+    demuxer, packet = _sought(container, stream, best[1])
+    if packet is None or keyframe_at.get(packet.pts) != best[0]:
+        raise _NotExact
+    return itertools.chain([packet], demuxer), best[0]
+
+
+def _sought(container: Any, stream: Any, timestamp: int) -> tuple[Iterator[Any], Any]:
+    """(demuxer, its first non-empty packet or None) after a backward keyframe seek to ``timestamp``."""
+    container.seek(timestamp, stream=stream, backward=True, any_frame=False)
+    demuxer = container.demux(stream)
+    packet = next(demuxer, None)
+    while packet is not None and packet.size <= 0:
+        packet = next(demuxer, None)
+    return demuxer, packet

@@ -54,6 +54,7 @@ def _median_seconds(run: Callable[[], Any], repeats: int) -> list[float]:
 def bench_video(
     *, seconds: float, width: int, height: int, fps: int, keyframe_seconds: float, max_frames: int,
     threads: Sequence[int], family: str, repeats: int, clips: Path, pixel_dtype: str = "uint8", noise: int = 20,
+    encoding: str = "ultrafast", grain: int = 1,
 ) -> dict[str, Any]:
     """Figures of one clip: plain decode, row per thread count and the pre-issue-33 row, in seconds (medians)."""
     import torch
@@ -65,7 +66,8 @@ def bench_video(
     from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
     from energon_pack.tools.clips import ClipSpec, cached_clip
 
-    spec = ClipSpec(seconds=seconds, width=width, height=height, fps=fps, keyframe_seconds=keyframe_seconds, noise=noise)
+    spec = ClipSpec(seconds=seconds, width=width, height=height, fps=fps, keyframe_seconds=keyframe_seconds, noise=noise,
+                    encoding=encoding, grain=grain)
     data = cached_clip(clips, spec).read_bytes()
     processor = load_processor(family=family, max_frames=max_frames)
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
@@ -107,6 +109,8 @@ def bench_video(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse options, run :func:`bench_video`, print its figures."""
+    from energon_pack.tools.clips import ENCODINGS
+
     parser = argparse.ArgumentParser(
         prog="python -m energon_pack.tools.bench_video", description=__doc__.splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -118,6 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keyframe-seconds", type=float, default=1.0, help="seconds between keyframes")
     parser.add_argument("--noise", type=int, default=20,
                         help="noise amplitude of the clip's frames (20: ~5 Mbit/s at 720p, a camera clip's decode cost)")
+    parser.add_argument("--grain", type=int, default=1,
+                        help="side in pixels of the noise's blocks (4 with --noise 10: a web clip's inter-frame cost)")
+    parser.add_argument("--encoding", default="ultrafast", choices=sorted(ENCODINGS),
+                        help="how the clip is encoded (h264-web, hevc-web, vp9-web: web video with B-frames or alt-ref "
+                        "frames; ultrafast: x264 without CABAC or B-frames)")
     parser.add_argument("--max-frames", type=int, default=64, help="the processor's max_frames")
     parser.add_argument("--threads", type=comma_separated_ints, default=[1], help="decode_threads counts to time, e.g. 1,2,4")
     parser.add_argument("--family", default="qwen2.5-vl", choices=["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5"])
@@ -126,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clips", type=Path, default=Path(tempfile.gettempdir()) / "energon_pack_clips",
                         help="folder the generated clips are cached in")
     args = parser.parse_args(argv)
-    for name in ("seconds", "width", "height", "fps", "keyframe_seconds", "max_frames", "repeats"):
+    for name in ("seconds", "width", "height", "fps", "keyframe_seconds", "max_frames", "repeats", "grain"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
     if not 0 <= args.noise <= 127:
@@ -135,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds=args.seconds, width=args.width, height=args.height, fps=args.fps,
         keyframe_seconds=args.keyframe_seconds, max_frames=args.max_frames, threads=args.threads,
         family=args.family, repeats=args.repeats, clips=args.clips, pixel_dtype=args.pixel_dtype, noise=args.noise,
+        encoding=args.encoding, grain=args.grain,
     )
     print(f"{figures['clip']}: {figures['frames']} frames, {figures['sampled']} sampled, {figures['family']}, "
           f"medians of {args.repeats}")

@@ -2,8 +2,9 @@
 
 12 MP phone photos (JPEG, stored landscape with an EXIF orientation, as phones write them), 1080p
 30 fps H.264 clips of 30 s to 5 min and one 4K clip, each with a fixed GOP of 1 s (a keyframe every
-second, as phone cameras write them). Generation stays practical on 2 cores: low-motion content (a
-slow camera pan over a smooth picture, made straight in yuv420p), x264 "ultrafast". The mix is
+second, as phone cameras write them), encoded as web video is (x264 "veryfast", CRF 23: CABAC,
+deblocking, B-frames; `tools.clips.ENCODINGS["h264-web"]`). Generation stays practical on 2 cores:
+low-motion content (a slow camera pan over a smooth picture, made straight in yuv420p). The mix is
 generated and prepared once per set of parameters, in a cache folder named by them.
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 __all__ = ["RealisticMix", "clip_durations", "realistic_dataset"]
 
 #: Version of the generator in the cache folder names (bumped when the generated media change).
-REALISTIC_MIX_VERSION = 1
+REALISTIC_MIX_VERSION = 2  # 2: clips as web video (x264 veryfast, B-frames), not ultrafast
 #: EXIF orientations of the photos, in turn: portrait (6), upright (1), upside down (3), portrait (8).
 PHOTO_ORIENTATIONS = (6, 1, 3, 8)
 #: Camera pan of the clips in luma pixels per frame (60 px/s at 30 fps).
@@ -72,7 +73,7 @@ class RealisticMix:
     def folder_name(self) -> str:
         """Cache folder of this mix: counts readable, every parameter in the digest.
 
-        Example: ``RealisticMix().folder_name`` -> "realistic1-24photos-6clips-<10 hex digits>".
+        Example: ``RealisticMix().folder_name`` -> "realistic2-24photos-6clips-<10 hex digits>".
         """
         digest = hashlib.sha256(repr(self).encode()).hexdigest()[:10]
         return f"realistic{REALISTIC_MIX_VERSION}-{self.photos}photos-{len(self.clip_seconds)}clips-{digest}"
@@ -105,13 +106,14 @@ def _panning_frames(rng: np.random.Generator, size: tuple[int, int], num_frames:
 
 def _write_clip(rng: np.random.Generator, mix: RealisticMix, seconds: float, size: tuple[int, int], path: Path) -> None:
     from energon_pack.data.synthetic import encode_video
+    from energon_pack.tools.clips import ENCODINGS
 
     gop = max(1, round(mix.gop_seconds * mix.fps))
     num_frames = max(2, round(seconds * mix.fps))
     # Fixed GOP (keyint = min-keyint, no scene-cut keyframes), as phone cameras write.
-    options = {"x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0"}
+    web = ENCODINGS["h264-web"]
     frames = _panning_frames(rng, size, num_frames)
-    path.write_bytes(encode_video(frames, mix.fps, preset="ultrafast", options=options, input_format="yuv420p"))
+    path.write_bytes(encode_video(frames, mix.fps, codec=web.codec, options=web.encoder_options(gop), input_format="yuv420p"))
 
 
 def _write_photo(rng: np.random.Generator, mix: RealisticMix, index: int, path: Path) -> None:

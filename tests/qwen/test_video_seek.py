@@ -1,8 +1,10 @@
 """Decoding only what the sampled frames need (``qwen.frames.sampled_frames``) gives exactly the frames
 of a full sequential decode, on every container and codec of the real-world corpus with a keyframe
-every 8 frames (tests/support/real_corpus.py ``SEEK_CORPUS``: B-frames, open GOPs, variable frame rate, an
-edit list), with and without decoder threads; streams it cannot vouch for are decoded sequentially;
-a stream holding fewer frames than counted is a ``media_mismatch``."""
+every 8 frames (tests/support/real_corpus.py ``SEEK_CORPUS``: B-frames, open and closed GOPs, variable
+frame rate, an edit list), with and without decoder threads; on B-frame streams every seek lands on
+the keyframe it aims at and the decoder skips non-reference pictures no sampled frame needs; streams
+it cannot vouch for are decoded sequentially; a stream holding fewer frames than counted is a
+``media_mismatch``."""
 
 from __future__ import annotations
 
@@ -84,6 +86,75 @@ def test_sampled_frames_sparser_than_keyframes_are_sought(seek_corpus, monkeypat
     landings.clear()
     list(sampled_frames(data, list(range(0, 60, 2)), SEEK_FRAMES))
     assert landings == []
+
+
+#: B-frame streams: H.264 closed GOPs (web video, MP4, where a keyframe's dts lies below its pts) and
+#: open GOPs, HEVC open GOPs (CRA), an edit list.
+B_FRAME_ITEMS = ("h264web.mp4", "h264.mkv", "h264open.mp4", "h264open.mkv", "hevc.mp4", "hevc.mkv", "editlist.mp4")
+
+
+@pytest.mark.parametrize("item", B_FRAME_ITEMS)
+def test_seeks_on_b_frame_streams_land_on_the_keyframe_aimed_at(seek_corpus, item, monkeypatch) -> None:
+    """Each seek lands on its seek point, not on the keyframe before (which would decode two GOPs)."""
+    data, _ = seek_corpus[item]
+    total = probe_video(data).num_frames
+    landings = []
+    seek = frames_module._seek
+
+    def recording(*args, **kwargs):
+        demuxer, landing = seek(*args, **kwargs)
+        landings.append((args[3], landing))
+        return demuxer, landing
+
+    monkeypatch.setattr(frames_module, "_seek", recording)
+    for indices in ([0, 20, 40, total - 1], [7, 23, 39, 55], [3, 12, 21, 30, 39, 48, 57]):
+        list(sampled_frames(data, [min(i, total - 1) for i in indices], total))
+    assert landings and all(start == landing for start, landing in landings), (item, landings)
+
+
+class _Counting:
+    """A container and its video stream in one, counting the frames the decoder outputs."""
+
+    def __init__(self, container, stream) -> None:
+        self.container, self.stream, self.codec_context, self.frames = container, stream, stream.codec_context, 0
+
+    def demux(self, _stream):
+        return self.container.demux(self.stream)
+
+    def seek(self, timestamp, *, stream, **kwargs):
+        self.container.seek(timestamp, stream=self.stream, **kwargs)
+
+    def decode(self, packet):
+        frames = self.stream.decode(packet)
+        self.frames += len(frames)
+        return frames
+
+
+def _seeking_output(data: bytes, indices: list[int], total: int, threads: int) -> tuple[np.ndarray, int]:
+    """(the sampled frames of a seeking decode, frames the decoder output for them)."""
+    with frames_module._opened(data, threads) as (container, stream):
+        index = StreamIndex.scan(container, stream, total)
+        counting = _Counting(container, stream)
+        got = [frame.to_ndarray(format="rgb24") for _, frame in frames_module._seeking(counting, counting, index, indices)]
+    return np.stack(got), counting.frames
+
+
+@pytest.mark.parametrize("item", ["h264web.mp4", "h264open.mkv", "hevc.mp4"])
+def test_non_reference_pictures_before_a_sampled_frame_are_skipped_exactly(seek_corpus, item, monkeypatch) -> None:
+    """Sampled frames late in their GOP: with ``skip_frame = NONREF`` before each one's packet and
+    the decoder drained before the next seek, it outputs fewer frames, and the sampled ones are the
+    sequential decode's (with and without frame threads)."""
+    data, every = seek_corpus[item]
+    total = probe_video(data).num_frames
+    indices = [7, 23, 39, 55]
+    for threads in (1, 3):
+        got, skipping = _seeking_output(data, indices, total, threads)
+        np.testing.assert_array_equal(got, every[indices], err_msg=f"{item} threads={threads}")
+        with monkeypatch.context() as patched:
+            patched.setattr(frames_module, "SKIPS_PER_PACKET", frozenset())
+            plain, decoding_all = _seeking_output(data, indices, total, threads)
+        np.testing.assert_array_equal(plain, every[indices])
+        assert skipping < decoding_all, (item, threads, skipping, decoding_all)
 
 
 def test_a_stream_with_fewer_frames_than_counted_is_a_media_mismatch(seek_corpus) -> None:

@@ -13,13 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energon_pack.rows.step import PACKED_SEQ_FIELDS, thd_partition_indices, to_device_batch
-from energon_pack.rows.encoded import PackedSegment
-from energon_pack.qwen.template import IGNORE_INDEX
-from energon_pack.rows.thd import build_thd_row
 from energon_pack.core.visual import VisualInputs, normalize_patches
+from tests.support.thd_rows import CLIP_MEAN, CLIP_STD, make_row
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 TOKEN_KEYS = ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask", "mrope_position_ids")
 CU_KEYS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
 
@@ -32,39 +28,6 @@ def reference_partition(cu: list[int], cp: int, rank: int) -> list[int]:
         for c in (rank, 2 * cp - 1 - rank):
             out.extend(range(start + c * chunk, start + (c + 1) * chunk))
     return out
-
-
-def make_row(lengths: list[int], width: int, multiple: int, *, uint8: bool, seed: int = 0) -> dict:
-    """Row whose samples each carry one image of 4 patches (D = 3*2*2*2 = 24)."""
-    gen = torch.Generator().manual_seed(seed)
-    segments = []
-    for i, n in enumerate(lengths):
-        ids = torch.randint(0, 1000, (n,), generator=gen)
-        raw = torch.randint(0, 256, (4, 24), generator=gen, dtype=torch.uint8)
-        if uint8:
-            visual = VisualInputs(
-                pixel_values=raw,
-                image_grid_thw=torch.tensor([[1, 2, 2]]),
-                image_mean=CLIP_MEAN,
-                image_std=CLIP_STD,
-                rescale_factor=1 / 255,
-            )
-        else:
-            visual = VisualInputs(
-                pixel_values=normalize_patches(raw, CLIP_MEAN, CLIP_STD, 1 / 255),
-                image_grid_thw=torch.tensor([[1, 2, 2]]),
-            )
-        segments.append(
-            PackedSegment(
-                key=f"s{i}",
-                input_ids=ids,
-                labels=torch.cat([ids[1:], torch.tensor([IGNORE_INDEX])]),
-                loss_mask=torch.ones(n),
-                mrope_position_ids=torch.arange(n).expand(3, n).clone(),
-                visual=visual,
-            )
-        )
-    return build_thd_row(segments, seq_length=width, pad_multiple=multiple, pad_token_id=0)
 
 
 # --------------------------------------------------------------------------- CP split

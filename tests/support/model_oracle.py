@@ -173,9 +173,9 @@ def reference_inputs(processor: Any, case: Case, media: Media) -> Any:
     return processor(text=[text], return_tensors="pt", **kwargs)
 
 
-@torch.no_grad()
-def packed_logits(model: torch.nn.Module, row: dict[str, Any], **overrides: Any) -> torch.Tensor:
-    """Logits [n_real, V] of the row's real tokens, from one forward over the whole row [1, W].
+def packed_inputs(row: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """The model's keyword arguments for one forward over the whole row [1, W] (host tensors) that
+    returns the logits of the row's real tokens only.
 
     Default: ``mrope_position_ids`` [3, 1, W] and the THD block-diagonal causal mask;
     ``overrides`` replace ``position_ids`` / ``attention_mask``.
@@ -188,13 +188,19 @@ def packed_logits(model: torch.nn.Module, row: dict[str, Any], **overrides: Any)
         attention_mask=thd_attention_bias(cu_real, cu_padded, width),
     )
     inputs.update(overrides)
-    out = model(
+    return {
         **inputs,
         **row["visual_inputs"].normalized_for_model(),
-        logits_to_keep=real_token_positions(cu_real, cu_padded),
-        use_cache=False,
-    )
-    return out.logits[0]
+        "logits_to_keep": real_token_positions(cu_real, cu_padded),
+        "use_cache": False,
+    }
+
+
+@torch.no_grad()
+def packed_logits(model: torch.nn.Module, row: dict[str, Any], **overrides: Any) -> torch.Tensor:
+    """Logits [n_real, V] of the row's real tokens, from one forward over the whole row [1, W]
+    (`packed_inputs`)."""
+    return model(**packed_inputs(row, **overrides)).logits[0]
 
 
 @torch.no_grad()

@@ -265,11 +265,14 @@ def trimmed_mp4(source: bytes, trimmed: int) -> bytes:
 #: x264 / x265 with a keyframe every 8 frames, 3 B-frames and open GOPs (I-frames that are not IDR / CRA).
 _OPEN_GOP_X264 = {"bf": "3", "x264-params": "keyint=8:min-keyint=8:open-gop=1:scenecut=0"}
 _OPEN_GOP_X265 = {"x265-params": "log-level=error:keyint=8:min-keyint=8:open-gop=1:bframes=3:scenecut=0"}
+#: x264 as web video is encoded (``veryfast``: CABAC, deblocking, 3 B-frames in a pyramid), closed GOPs of 8.
+_WEB_X264 = {"preset": "veryfast", "crf": "23", "x264-params": "keyint=8:min-keyint=8:scenecut=0"}
 #: Frames of each seek-corpus clip (keyframe every 8: sampled frames sparser than keyframes).
 SEEK_FRAMES = 60
 
 #: The corpus's containers and codecs with a keyframe every 8 frames (so sampled frames can be sparser
-#: than keyframes), plus open GOPs (H.264 in MKV and MP4, HEVC CRA in MP4 and MKV), variable frame
+#: than keyframes), plus open GOPs (H.264 in MKV and MP4, HEVC CRA in MP4 and MKV), closed GOPs with
+#: a B-pyramid in MP4 (web video; a keyframe's dts below its pts), variable frame
 #: rate with B-frames and an MP4 edit list hiding the first frames. Used by tests/qwen/test_video_seek.py.
 SEEK_CORPUS: tuple[CorpusItem, ...] = tuple(
     CorpusItem(name=name, kind="video", about=about, make=make) for name, about, make in (
@@ -283,6 +286,8 @@ SEEK_CORPUS: tuple[CorpusItem, ...] = tuple(
             "matroska", "libx264", num_frames=SEEK_FRAMES, options=_OPEN_GOP_X264)),
         ("h264open.mp4", "MP4 H.264, open GOP", lambda: encode_clip(
             "mp4", "libx264", num_frames=SEEK_FRAMES, options=_OPEN_GOP_X264)),
+        ("h264web.mp4", "MP4 H.264 as web video: x264 veryfast (CABAC, B-pyramid), closed GOPs", lambda: encode_clip(
+            "mp4", "libx264", num_frames=SEEK_FRAMES, options=_WEB_X264)),
         ("h264.mov", "QuickTime H.264", lambda: encode_clip("mov", "libx264", num_frames=SEEK_FRAMES, options={"g": "8"})),
         ("mpeg4.avi", "AVI MPEG-4 Part 2, B-frames", lambda: encode_clip(
             "avi", "mpeg4", num_frames=SEEK_FRAMES, options={"bf": "2", "g": "8"})),

@@ -3,13 +3,19 @@ tiny clip's run times every setting and finds the row's pixels identical to the 
 
 from __future__ import annotations
 
+import io
+
+import av
 import pytest
 
+from energon_pack.qwen.media import probe_video
 from energon_pack.tools.bench_video import main
+from energon_pack.tools.clips import ClipSpec, make_clip
 
 
 @pytest.mark.parametrize("argv", [["--threads", "0"], ["--threads", "a,b"], ["--noise", "200"], ["--seconds", "0"],
-                                  ["--max-frames", "-1"], ["--family", "qwen9"]])
+                                  ["--max-frames", "-1"], ["--family", "qwen9"],
+                                  ["--grain", "0"], ["--encoding", "h263"]])
 def test_bad_options_are_usage_errors(argv, capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(argv)
@@ -23,3 +29,23 @@ def test_a_tiny_clip_runs_and_its_pixels_are_identical(tmp_path, capsys) -> None
                  "--repeats", "1", "--noise", "8", "--clips", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "pixels identical: True" in out and "row, 2 thread(s)" in out and "plain decode" in out
+
+
+@pytest.mark.parametrize("encoding", ["h264-web", "hevc-web", "vp9-web"])
+def test_web_clips_hold_every_frame_and_reorder_frames(encoding) -> None:
+    """A web clip holds its frames (as counted and decoded), a keyframe every interval; H.264 / HEVC
+    ones have B-frames (a packet's dts below its pts)."""
+    spec = ClipSpec(seconds=2, width=64, height=48, fps=10, keyframe_seconds=0.5, noise=10, grain=4, encoding=encoding)
+    data = make_clip(spec)
+    assert probe_video(data).num_frames == spec.num_frames == 20
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        packets = [packet for packet in container.demux(stream) if packet.size > 0]
+        name = stream.codec_context.name
+    with av.open(io.BytesIO(data)) as container:
+        assert sum(1 for _ in container.decode(container.streams.video[0])) == 20
+    assert sum(packet.is_keyframe for packet in packets) == 4
+    if encoding == "vp9-web":
+        assert name in ("vp9", "libvpx-vp9")
+    else:
+        assert any(packet.dts < packet.pts for packet in packets), "no B-frames"

@@ -64,7 +64,7 @@ def test_options_come_from_the_command_line() -> None:
 
 
 @pytest.mark.slow
-def test_the_mix_has_exif_photos_fixed_gop_clips_and_is_made_once(tmp_path) -> None:
+def test_the_mix_has_exif_photos_fixed_gop_web_clips_and_is_made_once(tmp_path) -> None:
     import json
 
     import av
@@ -78,9 +78,12 @@ def test_the_mix_has_exif_photos_fixed_gop_clips_and_is_made_once(tmp_path) -> N
     assert photo.size == (640, 480) and photo.getexif()[0x0112] in (1, 3, 6, 8)
     with av.open(str(raw / "clip001.mp4")) as container:
         stream = container.streams.video[0]
-        keyframes = [packet.pts for packet in container.demux(stream) if packet.is_keyframe]
+        packets = [packet for packet in container.demux(stream) if packet.size > 0]
+        keyframes = [packet.pts for packet in packets if packet.is_keyframe]
         assert (stream.width, stream.height, stream.frames) == (320, 180, 20)
+        assert stream.codec_context.profile == "High"  # CABAC (ultrafast writes Constrained Baseline)
     assert len(keyframes) == 2  # one keyframe per second
+    assert any(packet.dts < packet.pts for packet in packets)  # B-frames, as web video has
     stamp = (raw / "records.jsonl").stat().st_mtime_ns
     assert realistic_dataset(tmp_path, TINY_MIX) == dataset and (raw / "records.jsonl").stat().st_mtime_ns == stamp
 

@@ -1,8 +1,9 @@
 """Chat conversations: the three accepted input forms, normalised to typed messages.
 
 A typed message is ``{"role": "system"|"user"|"assistant"|"tool", "content": [part, ...]}`` with
-parts ``{"type": "text", "text": str}``, ``{"type": "image"}`` or ``{"type": "video"}``. Media parts
-refer to the sample's images / videos lists in order of appearance. An assistant message may
+parts ``{"type": "text", "text": str}``, ``{"type": "image"}``, ``{"type": "video"}`` or
+``{"type": "audio"}`` (Qwen-Omni, docs/omni.md). Media parts refer to the sample's images /
+videos / audios lists in order of appearance. An assistant message may
 also carry ``"reasoning_content": str`` (its thinking); templates with a thinking block (Qwen3.5 /
 Qwen3.6) render it inside ``<think>...</think>``, the others ignore it (docs/qwen35.md).
 
@@ -32,6 +33,8 @@ ROLE_ALIASES = {
     "human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system", "tool": "tool",
 }
 MEDIA_KINDS = ("image", "video")
+#: Every media part kind: the vision kinds and audio (heard by Qwen-Omni models only).
+ALL_MEDIA_KINDS = (*MEDIA_KINDS, "audio")
 #: Message field holding an assistant turn's reasoning (the thinking before its answer).
 REASONING_FIELD = "reasoning_content"
 #: Assistant message field holding its function calls.
@@ -44,11 +47,11 @@ RESERVED_TEMPLATE_OPTIONS = frozenset({
     "continue_final_message", "tokenize", "return_dict", "return_tensors", "return_assistant_tokens_mask",
     "processor_kwargs", "sanitize_control_tokens", "load_audio_from_video",
 })
-_PLACEHOLDER = re.compile(r"<(image|video)>")
+_PLACEHOLDER = re.compile(r"<(image|video|audio)>")
 
 
 def split_placeholders(text: str) -> list[dict[str, str]]:
-    """Split a string at ``<image>`` / ``<video>`` placeholders into typed parts.
+    """Split a string at ``<image>`` / ``<video>`` / ``<audio>`` placeholders into typed parts.
 
     Text between placeholders is kept verbatim (newlines included); empty text parts are dropped.
 
@@ -69,11 +72,11 @@ def split_placeholders(text: str) -> list[dict[str, str]]:
 def _typed_part(part: Any) -> dict[str, str]:
     if isinstance(part, str):
         return {"type": "text", "text": part}
-    if not isinstance(part, Mapping) or part.get("type") not in ("text", *MEDIA_KINDS):
+    if not isinstance(part, Mapping) or part.get("type") not in ("text", *ALL_MEDIA_KINDS):
         raise BadSampleError(
             "malformed_conversation",
             f"content part {part!r} is not a typed part; use {{'type': 'text', 'text': ...}}, "
-            "{'type': 'image'} or {'type': 'video'}",
+            "{'type': 'image'}, {'type': 'video'} or {'type': 'audio'}",
         )
     if part["type"] == "text":
         text = part.get("text")
@@ -202,11 +205,11 @@ def check_tool_order(messages: Sequence[Message]) -> None:
 
 
 def count_media_parts(messages: Sequence[Message]) -> dict[str, int]:
-    """Number of image and video parts in typed messages.
+    """Number of image, video and audio parts in typed messages.
 
-    Example: one user message ``[image, text, image]`` -> ``{"image": 2, "video": 0}``.
+    Example: one user message ``[image, text, image]`` -> ``{"image": 2, "video": 0, "audio": 0}``.
     """
-    counts = dict.fromkeys(MEDIA_KINDS, 0)
+    counts = dict.fromkeys(ALL_MEDIA_KINDS, 0)
     for message in messages:
         for part in message["content"]:
             if part["type"] in counts:
@@ -214,7 +217,7 @@ def count_media_parts(messages: Sequence[Message]) -> dict[str, int]:
     return counts
 
 
-def normalize_conversation(messages: Any, *, num_images: int, num_videos: int) -> list[Message]:
+def normalize_conversation(messages: Any, *, num_images: int, num_videos: int, num_audios: int = 0) -> list[Message]:
     """Validate a conversation in any accepted form and return typed messages.
 
     Raises ``BadSampleError`` with reason ``empty_conversation``, ``malformed_conversation``,
@@ -236,8 +239,8 @@ def normalize_conversation(messages: Any, *, num_images: int, num_videos: int) -
         raise BadSampleError("no_assistant_turn", "no assistant message with content or tool calls: nothing to train on")
     check_tool_order(typed)
     counts = count_media_parts(typed)
-    given = {"image": num_images, "video": num_videos}
-    for kind in MEDIA_KINDS:
+    given = {"image": num_images, "video": num_videos, "audio": num_audios}
+    for kind in ALL_MEDIA_KINDS:
         if counts[kind] != given[kind]:
             raise BadSampleError(
                 "placeholder_mismatch",
@@ -255,7 +258,7 @@ def check_no_assistant_media(messages: Sequence[Message]) -> None:
     Example: ``[user "Draw.", assistant [image]]`` -> BadSampleError naming message 2.
     """
     for number, message in enumerate(messages, start=1):
-        kinds = [part["type"] for part in message["content"] if part["type"] in MEDIA_KINDS]
+        kinds = [part["type"] for part in message["content"] if part["type"] in ALL_MEDIA_KINDS]
         if message["role"] == "assistant" and kinds:
             raise BadSampleError(
                 "media_in_assistant_turn",

@@ -50,6 +50,10 @@ class QwenVLChatSample(Sample):
     tools: Optional[list] = None
     #: The record's chat template options (over the dataset's ``RowLayout.chat_template_kwargs``), else None.
     chat_template_kwargs: Optional[dict] = None
+    #: Qwen-Omni: compressed audio files (WAV, FLAC, MP3, AAC/M4A, Ogg, WebM bytes) in placeholder order, else None.
+    audios: Optional[list] = None
+    #: Qwen-Omni: hear each video with its sound track (the record's ``use_audio_in_video``).
+    use_audio_in_video: bool = False
 
 
 def media_part_name(index: int, extension: str) -> str:

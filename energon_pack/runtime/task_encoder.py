@@ -131,10 +131,14 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
                 prepared = self.chat.prepare(
                     sample.conversation, sample.images, sample.videos, tools=sample.tools,
                     chat_template_kwargs=sample.chat_template_kwargs, fits=self._fits_row if shrink else None,
+                    audios=sample.audios or (), use_audio_in_video=sample.use_audio_in_video,
                 )
         except BadSampleError as err:
             return PreparedSample.skipped(sample, err)
-        return PreparedSample.derive_from(sample, images=sample.images, videos=sample.videos, **vars(prepared))
+        return PreparedSample.derive_from(
+            sample, images=sample.images, videos=sample.videos, **({"audios": sample.audios} if sample.audios else {}),
+            **vars(prepared),
+        )
 
     def _fits_row(self, num_tokens: int, geometry: MediaGeometry) -> bool:
         """Whether a sample of ``num_tokens`` tokens with this media geometry fits one row (``fits_one_row``)."""
@@ -148,8 +152,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         given, see :meth:`allocate_row_pixels`); raises ``BadSampleError`` on bad media."""
         prepared = PreparedChat(**{f.name: getattr(sample, f.name) for f in fields(PreparedChat)})
         with self.inflight.decoding(sample, "postencode"):
-            encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots)
-        segment = sample.segment(encoded.mrope_position_ids, encoded.visual)
+            encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots, audios=sample.audios or ())
+        segment = sample.segment(encoded.mrope_position_ids, encoded.visual, encoded.audio)
         return EncodedSample.derive_from(sample, segment=segment)
 
     def allocate_row_pixels(self, samples: list[PreparedSample]) -> list[PixelSlots]:

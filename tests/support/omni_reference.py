@@ -17,6 +17,7 @@ from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 from transformers.video_utils import VideoMetadata
 
 from energon_pack.data.synthetic import encode_image
+from energon_pack.qwen.audio import decode_audio
 from tests.support.audio_media import encode_audio, encode_video_with_sound, tone
 
 
@@ -115,3 +116,67 @@ def reference_rope(config: Any, inputs: Any, use_audio_in_video: bool) -> torch.
         inputs.get("video_second_per_grid"),
     )
     return positions[:, 0]
+
+
+@dataclass(frozen=True)
+class PackedOmni:
+    """A packed row of Omni cases and, per segment, the HF processor's inputs for the sample alone."""
+
+    row: dict[str, Any]
+    references: list[Any]
+
+
+def pack_omni_cases(processor: Any, cases: list[OmniCase], *, seq_length: int, pad_to_multiple_of: int) -> PackedOmni:
+    """``cases`` through the plugin's task encoder into one THD row, and each case's HF reference."""
+    from energon_pack.core.samples import QwenVLChatSample
+    from tests.support.model_oracle import oracle_encoder, packed_row
+
+    encoder = oracle_encoder(processor, seq_length, pad_to_multiple_of)
+    prepared, references = [], []
+    for index, case in enumerate(cases):
+        media = make_omni_media(case, seed=index)
+        sample = QwenVLChatSample(
+            __key__=case.key, __restore_key__=(), __subflavors__=None, __sources__=None,
+            conversation=case.conversation, images=media.images, videos=media.videos,
+            audios=media.audios or None, use_audio_in_video=case.use_audio_in_video,
+        )
+        ready = encoder.preencode_sample(sample)
+        assert ready.skip_reason is None, f"{case.key}: {ready.skip_reason} {ready.skip_detail}"
+        prepared.append(ready)
+        sources = [media.audios[s] if s >= 0 else media.videos[-1 - s] for s in ready.audio_sources or []]
+        references.append(reference_omni_inputs(processor, case, media, ready, [decode_audio(d) for d in sources]))
+    return PackedOmni(row=packed_row(encoder, prepared), references=references)
+
+
+@torch.no_grad()
+def packed_omni_logits(thinker: Any, row: dict[str, Any]) -> torch.Tensor:
+    """Logits [n_real, V] of a packed row's real tokens from one thinker forward over the row: the
+    row's sounds through the audio tower as they are (``feature_lens`` = ``audio_feature_lengths``,
+    no padding), their embeddings placed at the row's audio tokens, the row's pixels, explicit 3-D
+    positions and the THD block-diagonal mask."""
+    from tests.support.tiny_qwen import real_token_positions, thd_attention_bias
+
+    cu_real, cu_padded = row["cu_seqlens_q"], row["cu_seqlens_q_padded"]
+    input_ids = row["input_ids"]
+    embeds = thinker.get_input_embeddings()(input_ids)
+    audio = row.get("audio_inputs")
+    if audio is not None:
+        sounds = thinker.model.audio_tower(audio.input_features, feature_lens=audio.audio_feature_lengths).last_hidden_state
+        mask = (input_ids == thinker.config.audio_token_id)[..., None].expand_as(embeds)
+        embeds = embeds.masked_scatter(mask, sounds.to(embeds.dtype))
+    out = thinker(
+        input_ids=input_ids,
+        inputs_embeds=embeds,
+        position_ids=row["mrope_position_ids"],
+        attention_mask=thd_attention_bias(cu_real, cu_padded, input_ids.shape[1]),
+        **row["visual_inputs"].normalized_for_model(),
+        use_cache=False,
+    )
+    return out.logits[0, real_token_positions(cu_real, cu_padded)]
+
+
+@torch.no_grad()
+def unpacked_omni_logits(thinker: Any, inputs: Any, use_audio_in_video: bool) -> torch.Tensor:
+    """Logits [L, V] of one sample alone: the HF processor's inputs (300-s padded features and their
+    mask) and the thinker's own positions."""
+    return thinker(**inputs, use_audio_in_video=use_audio_in_video, use_cache=False).logits[0]

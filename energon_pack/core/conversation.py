@@ -351,16 +351,34 @@ class ChatRecord:
     videos: list[str] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: Qwen-Omni: audio paths (one per audio part) and whether videos are heard with their sound.
+    audios: list[str] = field(default_factory=list)
+    use_audio_in_video: bool = False
+
+
+#: Record field: hear each video with its sound track (Qwen-Omni; the name Qwen's own tools use).
+USE_AUDIO_IN_VIDEO = "use_audio_in_video"
+
+
+def check_use_audio_in_video(value: Any) -> bool:
+    """A record's ``use_audio_in_video``: absent/None is False, else it must be a bool.
+
+    Example: ``True`` -> True; ``"yes"`` -> BadSampleError("malformed_conversation").
+    """
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise BadSampleError("malformed_conversation", f"{USE_AUDIO_IN_VIDEO}={value!r} must be true or false")
 
 
 def stored_conversation(record: ChatRecord) -> bytes:
     """The ``<key>.json`` part of a record: its typed messages as a JSON list, or, when the record
-    has ``tools`` or ``chat_template_kwargs``, an object ``{"messages": [...], "tools": [...],
-    "chat_template_kwargs": {...}}`` holding those present (docs/on_disk_format.md).
+    has ``tools``, ``chat_template_kwargs`` or ``use_audio_in_video``, an object ``{"messages": [...],
+    "tools": [...], "chat_template_kwargs": {...}, "use_audio_in_video": true}`` holding those
+    present (docs/on_disk_format.md).
 
     Example: a record without tools -> ``b'[{"role": "user", ...}, ...]'`` (as before tool use existed).
     """
-    extra = {name: value for name in ("tools", "chat_template_kwargs") if (value := getattr(record, name))}
+    extra = {name: value for name in ("tools", "chat_template_kwargs", USE_AUDIO_IN_VIDEO) if (value := getattr(record, name))}
     document: Any = {"messages": record.messages, **extra} if extra else record.messages
     return json.dumps(document, ensure_ascii=False).encode("utf-8")
 
@@ -372,27 +390,33 @@ class StoredConversation:
     messages: list[Message]
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    use_audio_in_video: bool = False
 
 
-def parse_stored_conversation(document: Any, *, num_images: int, num_videos: int) -> StoredConversation:
+def parse_stored_conversation(
+    document: Any, *, num_images: int, num_videos: int, num_audios: int = 0
+) -> StoredConversation:
     """Validate a decoded ``<key>.json`` part: a list of messages, or an object with ``messages``
     (or ``conversations``) and optional ``tools`` / ``chat_template_kwargs``.
 
     Example: ``{"messages": [...], "tools": [{...}]}`` -> ``StoredConversation(messages=[...], tools=[{...}])``.
     """
     tools = options = None
+    hear_videos = False
     if isinstance(document, Mapping):
         tools = check_tools(document.get("tools"))
         options = check_template_options(document.get("chat_template_kwargs"))
+        hear_videos = check_use_audio_in_video(document.get(USE_AUDIO_IN_VIDEO))
         document = document.get("messages", document.get("conversations"))
         if document is None:
             raise BadSampleError("malformed_conversation", "conversation object has neither 'messages' nor 'conversations'")
-    messages = normalize_conversation(document, num_images=num_images, num_videos=num_videos)
-    return StoredConversation(messages, tools, options)
+    messages = normalize_conversation(document, num_images=num_images, num_videos=num_videos, num_audios=num_audios)
+    return StoredConversation(messages, tools, options, hear_videos)
 
 
 def parse_record(record: Any) -> ChatRecord:
-    """Parse an input record (messages/images/videos, ShareGPT/LLaVA, or typed parts).
+    """Parse an input record (messages/images/videos/audios, ShareGPT/LLaVA, or typed parts; Qwen-Omni
+    records may set ``use_audio_in_video``).
 
     Example: ``{"id": "a", "messages": [{"role": "user", "content": "<image>What?"},
     {"role": "assistant", "content": "A cat."}], "images": ["a.jpg"]}`` -> ``ChatRecord(id="a", ...)``.
@@ -409,8 +433,10 @@ def parse_record(record: Any) -> ChatRecord:
         raise BadSampleError("malformed_conversation", "record has neither 'messages' nor 'conversations'")
     images = _as_list(record.get("images", record.get("image")))
     videos = _as_list(record.get("videos", record.get("video")))
-    typed = normalize_conversation(messages, num_images=len(images), num_videos=len(videos))
+    audios = _as_list(record.get("audios", record.get("audio")))
+    typed = normalize_conversation(messages, num_images=len(images), num_videos=len(videos), num_audios=len(audios))
     return ChatRecord(
         id=None if raw_id is None else str(raw_id), messages=typed, images=images, videos=videos,
         tools=check_tools(record.get("tools")), chat_template_kwargs=check_template_options(record.get("chat_template_kwargs")),
+        audios=audios, use_audio_in_video=check_use_audio_in_video(record.get(USE_AUDIO_IN_VIDEO)),
     )

@@ -1,0 +1,34 @@
+"""``prepare`` with Qwen-Omni records: audio members (by extension), ``use_audio_in_video`` kept, read back exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from energon_pack.data.prepare import prepare_dataset
+from tests.support.omni_dataset import write_omni_records
+from tests.support.prepared_reads import load_all
+
+
+def test_audio_records_prepare_and_read_back(tmp_path: Path):
+    records = write_omni_records(tmp_path, clips=4)
+    report = prepare_dataset(records, tmp_path / "media", tmp_path / "out", progress=False, samples_per_shard=3)
+    assert report.written == 7 and not report.problems, report.problems
+    assert ("audio", "weba", "opus") in report.media_kinds and ("audio", "mp3", "mp3float") in report.media_kinds
+    samples = load_all(tmp_path / "out", 0)
+    media = tmp_path / "media"
+    assert samples["a1"].audios == [(media / "clip1.mp3").read_bytes()]
+    assert samples["a3"].audios == [(media / "clip3.webm").read_bytes()] and samples["a3"].videos == []
+    assert samples["img"].audios == [(media / "clip0.wav").read_bytes()] and len(samples["img"].images) == 1
+    assert samples["img"].conversation[0]["content"][:2] == [{"type": "image"}, {"type": "audio"}]
+    assert samples["vid"].use_audio_in_video and samples["vid"].audios is None
+    assert samples["txt"].audios is None and not samples["txt"].use_audio_in_video
+    assert all(s.invalid_reason is None for s in samples.values())
+
+
+def test_audio_placeholder_mismatch_is_reported(tmp_path: Path):
+    records = tmp_path / "r.jsonl"
+    records.write_text('{"id": "x", "messages": [{"role": "user", "content": "<audio><audio>?"}, '
+                       '{"role": "assistant", "content": "ok"}], "audios": ["a.wav"]}\n'
+                       '{"id": "y", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "ok"}]}\n')
+    report = prepare_dataset(records, tmp_path, tmp_path / "out", progress=False)
+    assert report.written == 1 and report.problem_counts() == {"placeholder_mismatch": 1}

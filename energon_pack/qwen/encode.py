@@ -38,6 +38,7 @@ from energon_pack.qwen.template import (
     tokenize_conversation,
 )
 from energon_pack.core.stage_times import timed
+from energon_pack.errors import BadSampleError
 from energon_pack.core.audio_inputs import AudioInputs
 from energon_pack.core.visual import VisualInputs
 
@@ -328,6 +329,12 @@ class QwenChatEncoder:
                             )
                         sources.append(-1 - video_index)
                     video_index += 1
+        if audio_index != len(audios):
+            raise BadSampleError(
+                "placeholder_mismatch",
+                f"{audio_index} audio placeholder(s) but {len(audios)} audio(s) given; put one <audio> (or "
+                "{'type': 'audio'}) per audio",
+            )
         with timed("probe"):
             samples = [self.hearing.samples(audios[i] if i >= 0 else videos[-1 - i]) for i in sources]
         return _Hearing(sources=sources, samples=samples, use_audio_in_video=use_audio_in_video, videos=len(videos))

@@ -85,6 +85,8 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             max_image_pixels=config.row.max_image_pixels,
             decode_threads=config.loader.resolved_decode_threads(),
             chat_template_kwargs=config.row.chat_template_kwargs,
+            max_audio_seconds=config.row.max_audio_seconds,
+            trim_long_audio=config.row.on_overlong_audio == "trim",
         )
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.

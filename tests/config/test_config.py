@@ -509,7 +509,9 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
                        # balanced steps change no online row; a balanced plan records them (packing_fingerprint)
                        "cost_model", "frozen_vision", "balance_steps", "balance_window_steps",
                        # the loader adds the mapping it resolved, by name, when one is set
-                       "sample_mapping"}
+                       "sample_mapping",
+                       # Qwen-Omni audio knobs enter (media_fingerprint) only away from their defaults
+                       "max_audio_seconds", "on_overlong_audio"}
     part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}
     assert set(config.fingerprint()) == part_keys - unfingerprinted | {"pad_multiple"}
 

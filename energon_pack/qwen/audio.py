@@ -162,8 +162,12 @@ def _mono(frame: Any) -> np.ndarray:
     return planes[0] if planes.shape[0] == 1 else planes.mean(axis=0, dtype=np.float32)
 
 
-def probe_audio(data: bytes, spec: AudioSpec = AudioSpec()) -> AudioInfo:
+def probe_audio(data: bytes, spec: AudioSpec = AudioSpec(), *, count_up_to: int | None = None) -> AudioInfo:
     """Sample count at the model rate, source rate, channels and codec of an audio file.
+
+    ``count_up_to``: a counted decode stops once it holds more than this many samples (the count
+    is then only known to exceed it: what an overlong check needs), so a 30-minute MP3 costs the
+    decode of its first ``count_up_to`` samples. Header counts are exact whatever the length.
 
     Example: a 1.5 s 16 kHz stereo WAV -> ``AudioInfo(samples=24000, sample_rate=16000,
     channels=2, codec="pcm_s16le", exact_from_header=True)``; the same clip as MP3 ->
@@ -175,7 +179,7 @@ def probe_audio(data: bytes, spec: AudioSpec = AudioSpec()) -> AudioInfo:
         header = _header_samples(stream, rate, codec, spec)
     if header is not None:
         return AudioInfo(samples=header, sample_rate=rate, channels=channels, codec=codec, exact_from_header=True)
-    samples = sum(block.size for block in _resampled_blocks(data, spec, None))
+    samples = sum(block.size for block in _resampled_blocks(data, spec, None if count_up_to is None else count_up_to + 1))
     if samples == 0:
         raise BadMediaError("empty_audio", "the audio stream decodes to no samples; fix: drop the empty clip")
     return AudioInfo(samples=samples, sample_rate=rate, channels=channels, codec=codec, exact_from_header=False)

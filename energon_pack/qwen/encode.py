@@ -127,7 +127,7 @@ class OmniHearing:
     def samples(self, data: bytes) -> int:
         """Model-rate samples of one audio file or video sound track; over the cap: skipped
         (``audio_too_long``) unless trimmed."""
-        samples = probe_audio(data, self.spec).samples
+        samples = probe_audio(data, self.spec, count_up_to=self.spec.max_samples).samples
         if self.tokens(samples) == 0:
             raise BadMediaError(
                 "empty_audio",

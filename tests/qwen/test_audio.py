@@ -77,6 +77,14 @@ def test_cap_stops_reading():
     assert decode_audio(data, spec).size == 8000
 
 
+def test_counted_probe_stops_past_the_limit():
+    """A counted probe with ``count_up_to`` decodes only until it holds more than that."""
+    data = encode_audio(tone(3.0, 16000), 16000, "mp3")
+    full = probe_audio(data).samples
+    capped = probe_audio(data, count_up_to=16000).samples
+    assert full > 47000 and 16000 < capped < full
+
+
 def test_features_equal_the_hf_padded_features():
     """Our features of a waveform = the Whisper extractor's on the 300-s padded input, real frames."""
     extractor = WhisperFeatureExtractor(feature_size=128, chunk_length=300, dither=0.0, return_attention_mask=True)

@@ -12,22 +12,13 @@ from typing import Any
 
 from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
 
-from tests.support.tiny_qwen import TINY_VOCAB_SIZE, random_model
+from tests.support.tiny_qwen import random_model, tiny_text_config
 
 
 def tiny_qwen25_omni_config(*, initializer_range: float = 0.1) -> Any:
     """The tiny thinker's ``Qwen2_5OmniThinkerConfig`` (released token ids and rope constants)."""
     config = Qwen2_5OmniThinkerConfig(
-        text_config=dict(
-            vocab_size=TINY_VOCAB_SIZE,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3]),
-            initializer_range=initializer_range,
-        ),
+        text_config=tiny_text_config(initializer_range),
         vision_config=dict(
             depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
             temporal_patch_size=2, spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from energon_pack.cli import main as cli_main
 from energon_pack.data.prepare import prepare_dataset
 from tests.support.omni_dataset import write_omni_records
 from tests.support.prepared_reads import load_all
@@ -32,3 +35,15 @@ def test_audio_placeholder_mismatch_is_reported(tmp_path: Path):
                        '{"id": "y", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "ok"}]}\n')
     report = prepare_dataset(records, tmp_path, tmp_path / "out", progress=False)
     assert report.written == 1 and report.problem_counts() == {"placeholder_mismatch": 1}
+
+
+@pytest.mark.slow  # builds the offline Qwen2.5-Omni processor
+def test_inspect_counts_audio_samples_with_the_omni_family(tmp_path: Path, capsys):
+    records = write_omni_records(tmp_path, clips=2)
+    prepare_dataset(records, tmp_path / "media", tmp_path / "out", progress=False)
+    assert cli_main(["inspect", str(tmp_path / "out"), "--family", "qwen2.5-omni"]) == 0
+    table = capsys.readouterr().out
+    assert "bad samples (skipped)" in table and "audio_not_supported" not in table
+    assert cli_main(["inspect", str(tmp_path / "out")]) == 0  # the default Qwen2.5-VL processor hears nothing
+    line = next(line for line in capsys.readouterr().out.splitlines() if "skipped: audio_not_supported" in line)
+    assert line.split()[-1] == "4"  # the two clips, the image + audio chat and the video heard with its sound

@@ -25,6 +25,8 @@ ratio holds on a noisy machine.
   against the exact path ("HF"): images/s, max abs difference and PSNR of the patches.
 - ``prepare`` (`bench_prepare`): ``prepare`` from Parquet with embedded JPEGs against the same
   records as JSON + files: samples/s and peak memory next to one row group.
+- ``audio`` (`bench_audio`): Qwen2.5-Omni features of 1-30 s clips, their real frames against the
+  Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 from energon_pack.core.tables import format_table
 from energon_pack.tools.bench_foreign import bench_foreign
 from energon_pack.errors import UsageError
+from energon_pack.tools.bench_audio import bench_audio
 from energon_pack.tools.bench_jpeg import bench_jpeg
 from energon_pack.tools.bench_loader import LoaderBenchOptions, bench_loader, loader_options
 from energon_pack.tools.bench_plan import bench_plan, plan_options
@@ -59,13 +62,14 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "plan": bench_plan,
     "foreign": bench_foreign,
     "prepare": bench_prepare,
+    "audio": bench_audio,
 }
 #: Stages whose benchmark takes options from the command line and prints its own tables.
 OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "loader": loader_options, "plan": plan_options, "foreign": lambda args: None, "prepare": prepare_options,
 }
 #: Stages of ``--stage all``, in run order.
-STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare")
+STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "audio")
 
 
 def run_bench(args: argparse.Namespace) -> int:

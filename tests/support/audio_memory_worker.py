@@ -2,9 +2,10 @@
 and postencode one Qwen2.5-Omni audio chat and print, as JSON, the peak RSS growth of each step and
 the features' bytes.
 
-``python -m tests.support.audio_memory_worker CLIP``. Peaks are the kernel's VmHWM, reset before each
-step after the heap's free pages went back (as ``video_memory_worker`` does); the clip's bytes and
-the processor are loaded before, so they do not count.
+``python -m tests.support.audio_memory_worker CLIP [CLIP ...]``: one JSON line per clip. Peaks are the
+kernel's VmHWM, reset before each step after the heap's free pages went back (as
+``video_memory_worker`` does); the clip's bytes and the processor are loaded before, so they do not
+count.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import gc
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.support.video_memory_worker import _status
 
@@ -25,7 +27,7 @@ def _reset() -> int:
     return _status("VmRSS")
 
 
-def main(clip: str) -> dict[str, float]:
+def main(clips: list[str]) -> list[dict[str, float]]:
     from energon_pack.config import PackingConfig
     from energon_pack.core.samples import QwenVLChatSample
     from energon_pack.qwen.processor import load_processor
@@ -34,8 +36,14 @@ def main(clip: str) -> dict[str, float]:
     encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 14), load_processor(family="qwen2.5-omni"))
     messages = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "What?"}]},
                 {"role": "assistant", "content": [{"type": "text", "text": "That."}]}]
+    return [_measure(encoder, messages, Path(clip).read_bytes()) for clip in clips]
+
+
+def _measure(encoder: Any, messages: list[dict[str, Any]], data: bytes) -> dict[str, float]:
+    from energon_pack.core.samples import QwenVLChatSample
+
     sample = QwenVLChatSample(__key__="clip", __restore_key__=(), __subflavors__=None, __sources__=None,
-                              conversation=messages, images=[], videos=[], audios=[Path(clip).read_bytes()])
+                              conversation=messages, images=[], videos=[], audios=[data])
     before = _reset()
     prepared = encoder.preencode_sample(sample)
     preencode = _status("VmHWM") - before
@@ -48,4 +56,5 @@ def main(clip: str) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+    for figures in main(sys.argv[1:]):
+        print(json.dumps(figures))

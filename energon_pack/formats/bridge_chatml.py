@@ -44,7 +44,15 @@ from typing import Any, Dict, Optional
 
 from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
 
-from energon_pack.core.conversation import MEDIA_KINDS, check_tools, normalize_conversation, split_placeholders
+from energon_pack.core.conversation import (
+    MEDIA_KINDS,
+    REASONING_FIELD,
+    TOOL_CALLS_FIELD,
+    TOOL_MESSAGE_FIELDS,
+    check_tools,
+    normalize_conversation,
+    split_placeholders,
+)
 from energon_pack.core.energon_fixes import forget_read_tar_members
 from energon_pack.core.samples import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, QwenVLChatSample
 from energon_pack.errors import BadSampleError, UsageError
@@ -61,6 +69,10 @@ BRIDGE_MODULES = (
 BRIDGE_FIELDS = ("conversation", "imgs", "videos", "audio", "tools")
 #: Member extensions holding a pickled list (of images for ``imgs``, of frame lists for ``videos``).
 PICKLED_LIST_EXTENSIONS = ("jpgs", "mp4s", "videos", "pyd", "pickle", "pkl")
+#: Turn fields kept beside the role and content (Bridge's ``cook_chatml_sample`` keeps every field;
+#: these are the ones a chat template reads): reasoning, an assistant's tool calls, a tool result's
+#: function name and call id.
+KEPT_TURN_FIELDS = (REASONING_FIELD, TOOL_CALLS_FIELD, *TOOL_MESSAGE_FIELDS)
 HOW_READ = (
     "conversation JSON normalised as Bridge 0.6.2 does (media before text per turn, words around a placeholder "
     "keep their space); pickled media lists through a restricted unpickler; media stay encoded"
@@ -213,9 +225,10 @@ def bridge_conversation(payload: Any) -> tuple[list[dict[str, Any]], Any]:
     """Bridge turns (``role``/``content`` or ``from``/``value``; a list or an object holding it) as
     messages in Bridge's order, and the payload's ``tools`` (None when absent).
 
-    Example: ``[{"from": "human", "value": "<image>Hi"}, {"from": "gpt", "value": "Yo"}]`` ->
-    ``([{"role": "human", "content": [image, text "Hi"]}, {"role": "gpt", "content": "Yo"}], None)``
-    (``normalize_conversation`` maps the speaker names).
+    A turn's `KEPT_TURN_FIELDS` (``tool_calls``, a tool turn's ``name`` / ``tool_call_id``,
+    ``reasoning_content``) go with it. Example: ``[{"from": "human", "value": "<image>Hi"},
+    {"from": "gpt", "value": "Yo"}]`` -> ``([{"role": "human", "content": [image, text "Hi"]},
+    {"role": "gpt", "content": "Yo"}], None)`` (``normalize_conversation`` maps the speaker names).
     """
     tools = None
     if isinstance(payload, Mapping):
@@ -230,8 +243,7 @@ def bridge_conversation(payload: Any) -> tuple[list[dict[str, Any]], Any]:
         speaker = turn.get("role", turn.get("from"))
         content = turn["content"] if "role" in turn else turn.get("value", "")
         message = {"role": speaker, "content": _bridge_content(content)}
-        if turn.get("reasoning_content") is not None:
-            message["reasoning_content"] = turn["reasoning_content"]
+        message.update({name: turn[name] for name in KEPT_TURN_FIELDS if turn.get(name) is not None})
         messages.append(message)
     return messages, tools
 

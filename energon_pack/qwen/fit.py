@@ -9,7 +9,9 @@ images at the processor's minimum are not enough, its videos' frame count (``max
 too. Everything is exact arithmetic on headers: the per-sample limits go through the same
 `geometry` functions (sides multiples of patch * merge = 28 for Qwen2/2.5-VL, 32 for
 Qwen3-VL; frame counts multiples of the temporal patch 2), so the processor called with the
-same limits produces the same grids.
+same limits produces the same grids. A frame-list video keeps every frame (an odd count padded
+by the processor with its last frame) up to ``max_frames``, and is sampled like a file beyond it
+(`geometry.frame_list_indices`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from energon_pack.qwen.geometry import (
     VisionSpec,
+    frame_list_indices,
     image_grid,
     sample_frame_indices,
     second_per_grid_ts,
@@ -77,7 +80,10 @@ def media_geometry(images: Sequence[ImageInfo], videos: Sequence[VideoInfo], spe
     image_grids = [image_grid(info.height, info.width, spec) for info in images]
     timings, video_grids = [], []
     for info in videos:
-        indices = sample_frame_indices(info.num_frames, info.fps, spec)
+        if info.is_frame_list:
+            indices = frame_list_indices(info.num_frames, spec)
+        else:
+            indices = sample_frame_indices(info.num_frames, info.fps, spec)
         timings.append(VideoTiming(total_frames=info.num_frames, fps=info.fps, frame_indices=tuple(indices)))
         video_grids.append(video_grid(len(indices), info.height, info.width, spec))
     seconds = tuple(
@@ -118,7 +124,9 @@ def shrink_limits(
     lowest = max(step, math.ceil(spec.min_frames / step) * step)
     original = media_geometry(images, videos, spec)
     most_frames = max((len(t.frame_indices) for t in original.timings), default=0)
-    frame_settings = [spec.max_frames, *range(most_frames - step, lowest - 1, -step)]
+    # Below the most frames any video keeps: the largest multiple of the temporal patch (a frame
+    # list may keep an odd count), then one temporal patch less at a time.
+    frame_settings = [spec.max_frames, *range((most_frames - 1) // step * step, lowest - 1, -step)]
     for max_frames in frame_settings:
 
         def fits_with(image_max_pixels: int) -> bool:

@@ -358,6 +358,24 @@ def sample_frame_indices(total_frames: int, fps_in: float, spec: VisionSpec) -> 
     return [_round_ratio(i * (total_frames - 1), num - 1) for i in range(num)]
 
 
+def frame_list_indices(total_frames: int, spec: VisionSpec) -> list[int]:
+    """Frame indices of a frame-list video (encoded frames, Megatron-Bridge's ``videos``) to decode:
+    every frame, as the Hugging Face video processor (``do_sample_frames=False``) and
+    qwen-vl-utils take a list of frames; they pad an odd count with the last frame, which
+    `video_grid` counts (t = ceil(n / temporal patch)) and the pixel path repeats. A list longer
+    than ``spec.max_frames`` (the processor's limit, or a shrunk sample's) is sampled as a video
+    file of ``total_frames`` frames at ``spec.fps`` is (`sample_frame_indices`).
+
+    Example (``max_frames=768``): frame_list_indices(5, spec) -> [0, 1, 2, 3, 4] (grid t = 3);
+    with ``max_frames=4``: frame_list_indices(9, spec) -> [0, 3, 5, 8].
+    """
+    if total_frames < 1:
+        raise BadMediaError("too_few_frames", f"total_frames={total_frames}: a frame list needs at least one frame.")
+    if total_frames <= spec.max_frames:
+        return list(range(total_frames))
+    return sample_frame_indices(total_frames, spec.fps, spec)
+
+
 def _round_ratio(numerator: int, denominator: int) -> int:
     """numerator / denominator rounded half to even, exactly (no float error)."""
     quotient, remainder = divmod(numerator, denominator)

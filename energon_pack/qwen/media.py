@@ -73,6 +73,10 @@ class ImageInfo:
     orientation: int = 1
 
 
+#: ``VideoInfo.container`` of a video given as a list of encoded frames (`probe_frame_list`).
+FRAME_LIST = "frame list"
+
+
 @dataclass(frozen=True, kw_only=True)
 class VideoInfo:
     """First video stream facts: frame count T (frames a decoder outputs), average rate in
@@ -87,6 +91,11 @@ class VideoInfo:
     codec: str
     container: str = ""
     has_audio: bool = False
+
+    @property
+    def is_frame_list(self) -> bool:
+        """Whether the video is a list of encoded frames (`probe_frame_list`), not a file."""
+        return self.container == FRAME_LIST
 
 
 def default_max_image_pixels() -> int | None:
@@ -344,7 +353,7 @@ def probe_frame_list(frames: Sequence[bytes], *, fps: float, max_pixels: int | N
             )
     return VideoInfo(
         num_frames=len(frames), fps=float(fps), width=first.width, height=first.height, codec=first.format.lower(),
-        container="frame list",
+        container=FRAME_LIST,
     )
 
 

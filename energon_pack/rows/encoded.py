@@ -17,7 +17,7 @@ from megatron.energon import Sample
 from megatron.energon.edataclass import edataclass
 
 from energon_pack.errors import BadSampleError
-from energon_pack.qwen.template import VideoTiming
+from energon_pack.qwen.template import IGNORE_INDEX, VideoTiming
 from energon_pack.core.audio_inputs import AudioInputs
 from energon_pack.core.samples import media_nbytes
 from energon_pack.core.visual import VisualInputs
@@ -121,6 +121,11 @@ class PreparedSample(Sample):
     def num_tokens(self) -> int:
         """Number of real tokens L."""
         return int(self.input_ids.numel())
+
+    @property
+    def supervised_tokens(self) -> int:
+        """Tokens that carry loss (``labels`` not IGNORE_INDEX)."""
+        return int((self.labels != IGNORE_INDEX).sum())
 
     @property
     def vision_patches(self) -> int:

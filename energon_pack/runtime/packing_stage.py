@@ -49,6 +49,7 @@ from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError, TooManyBadSamplesError
 from energon_pack.packing.budget import round_size, row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner, is_count, plan_state_problems, planned_indices
+from energon_pack.runtime.blend_stage import ShareBlendDataset, blend_source
 from energon_pack.runtime.skip_log import warn_skip
 from energon_pack.core import stage_times
 from energon_pack.core.storage_retries import take_storage_retries
@@ -169,6 +170,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         row_cost: Callable[..., dict[str, int]] | None = None,
         worker_config: WorkerConfig,
         stats_dir: str | None = None,
+        blend: ShareBlendDataset | None = None,
     ) -> None:
         super().__init__(dataset, worker_config=worker_config)
         #: Row width, alignment multiple and segment limit of the rows this stage fills.
@@ -186,6 +188,11 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self.row_cost = row_cost
         #: Folder where each worker publishes its statistics for ``PackingDataLoader.stats()``.
         self.stats_dir = stats_dir
+        #: The share blend upstream (``blend_unit`` tokens, a schedule), told where this worker's
+        #: next row is and which samples failed to decode; None without one.
+        self.blend = blend
+        if blend is not None:
+            blend.row_position = self._upcoming_row
         self._published_at = -math.inf
         self._restored = False
         self.reset_state_own()
@@ -291,8 +298,14 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     def _slots(self, sample: PreparedSample) -> int:
         return aligned_length(sample.num_tokens, self.row.pad_multiple)
 
+    def _upcoming_row(self) -> int:
+        """The index of the row (of this worker) that a sample read now is expected to land in:
+        rows emitted plus the rows the buffered samples fill."""
+        buffered = sum(self._slots(sample) for sample in self._samples)
+        return self._stats.rows + buffered // self.row.seq_length
+
     def _skip(self, sample: Any, reason: str, detail: str | None) -> None:
-        self._stats.count_skip(reason)
+        self._stats.count_skip(reason, source=blend_source(getattr(sample, "__restore_key__", None) or ()))
         self._consecutive_skips += 1
         key = getattr(sample, "__key__", None)
         warn_skip(key, f"{reason}: {detail}")
@@ -356,6 +369,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                     self._samples.put(item.index, sample)
                 continue
             member_keys = tuple(get_sample_restore_key(sample) for _, sample in kept)
+            for key, (_, sample) in zip(member_keys, kept):
+                self._stats.count_source_sample(
+                    blend_source(key), real_tokens=sample.num_tokens, supervised_tokens=sample.supervised_tokens
+                )
             with self._pack_index.ctx() as pack_index:
                 row = self.pack(encoded)
             width = row_width([e.segment.length for e in encoded], self.row)
@@ -382,6 +399,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                 encoded = self._postencode(sample, slot)
         except BadSampleError as err:
             self._skip(sample, err.reason, err.detail)
+            if self.blend is not None:
+                self.blend.take_back(sample)
             return None
         self._consecutive_skips = 0
         return add_sample_restore_key(encoded, encode_index, src=self)

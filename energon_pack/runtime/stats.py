@@ -26,6 +26,10 @@ ROW_COUNTS = "row_counts"
 STATS_PUBLISH_INTERVAL_S = 2.0
 
 
+#: Counters kept per blend entry (``PackingStats.sources``).
+SOURCE_COUNTERS: tuple[str, ...] = ("samples", "real_tokens", "supervised_tokens", "skipped")
+
+
 @dataclass
 class PackingStats(Savable):
     """Counters of one worker's packing stage. Token counts are real tokens; slots are physical."""
@@ -52,10 +56,28 @@ class PackingStats(Savable):
     row_cost_max: dict[str, int] = field(default_factory=dict)
     #: Sample reads retried after a transient storage error (``core.storage_retries``).
     storage_retries: int = 0
+    #: Per blend entry (its index as a string; empty outside a metadataset blend): samples packed,
+    #: their real and supervised tokens, and samples skipped (``SOURCE_COUNTERS``).
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def count_skip(self, reason: str) -> None:
-        """Count one skipped sample under ``reason`` (a short snake_case key)."""
+    def count_skip(self, reason: str, *, source: int | None = None) -> None:
+        """Count one skipped sample under ``reason`` (a short snake_case key), and for its blend
+        entry ``source`` when it came from a blend."""
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if source is not None:
+            self._source(source)["skipped"] += 1
+
+    def count_source_sample(self, source: int | None, *, real_tokens: int, supervised_tokens: int) -> None:
+        """Count one packed sample of blend entry ``source`` (nothing outside a blend)."""
+        if source is None:
+            return
+        counters = self._source(source)
+        counters["samples"] += 1
+        counters["real_tokens"] += real_tokens
+        counters["supervised_tokens"] += supervised_tokens
+
+    def _source(self, source: int) -> dict[str, int]:
+        return self.sources.setdefault(str(source), dict.fromkeys(SOURCE_COUNTERS, 0))
 
     def count_shrunk(self, tokens_before: int, tokens_after: int) -> None:
         """Count one sample shrunk from ``tokens_before`` to ``tokens_after`` tokens."""
@@ -100,12 +122,15 @@ class PackingStats(Savable):
             self.count_row(cost["real_tokens"], counts["width"], cost["segments"], cost=cost)
 
     def snapshot(self) -> dict[str, Any]:
-        """A plain-dict copy (picklable, safe to attach to a row)."""
-        return asdict(self)
+        """A plain-dict copy (picklable, safe to attach to a row), less ``sources`` outside a blend."""
+        snapshot = asdict(self)
+        if not snapshot["sources"]:
+            del snapshot["sources"]
+        return snapshot
 
     def save_state(self) -> dict[str, Any]:
-        """The snapshot, less ``storage_retries`` while it is 0: a state of a run without retries is
-        byte-identical to one saved before the counter existed (golden state digests)."""
+        """The snapshot, less ``storage_retries`` while it is 0: a state of a run without retries (and
+        without a blend) is byte-identical to one saved before the counters existed (golden state digests)."""
         state = self.snapshot()
         if not state["storage_retries"]:
             del state["storage_retries"]
@@ -172,8 +197,10 @@ def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     total["max_wait_rounds_seen"] = 0
     cost_sum: Counter[str] = Counter()
     cost_max: dict[str, int] = {}
+    per_source = []
     for snap in snapshots:
         total["workers"] += 1
+        per_source.append(snap.get("sources", {}))
         for name in summed:
             total[name] += snap.get(name, 0)
         total["max_wait_rounds_seen"] = max(total["max_wait_rounds_seen"], snap["max_wait_rounds_seen"])
@@ -182,6 +209,7 @@ def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         cost_sum.update(snap.get("row_cost_sum", {}))
         for key, value in snap.get("row_cost_max", {}).items():
             cost_max[key] = max(cost_max.get(key, 0), value)
+    total["sources"] = sum_sources(per_source)
     total["row_cost_mean"] = {key: value / total["rows"] for key, value in cost_sum.items()} if total["rows"] else {}
     total["row_cost_max"] = cost_max
     total["skipped"] = dict(sorted(total["skipped"].items()))
@@ -196,6 +224,20 @@ def aggregate_stats(snapshots: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         fill(total["real_tokens"] - total["flush_real_tokens"], steady_rows * width) if steady_rows else None
     )
     return total
+
+
+def sum_sources(per_worker: Iterable[Mapping[str, Mapping[str, int]]]) -> dict[int, dict[str, int]]:
+    """Per blend entry, the sum of the workers' per-source counters (empty outside a blend).
+
+    Example: ``[{"0": {"samples": 2, ...}}, {"0": {"samples": 3, ...}, "1": {...}}]`` -> ``{0: {"samples": 5, ...}, 1: {...}}``.
+    """
+    total: dict[int, dict[str, int]] = {}
+    for sources in per_worker:
+        for source, counters in sources.items():
+            summed = total.setdefault(int(source), dict.fromkeys(SOURCE_COUNTERS, 0))
+            for name in SOURCE_COUNTERS:
+                summed[name] += counters.get(name, 0)
+    return dict(sorted(total.items()))
 
 
 def peak_rss_bytes(pid: int | None = None) -> int:

@@ -21,12 +21,17 @@ from megatron.energon.metadataset.loader_interface import DatasetBlendMode
 from megatron.energon.task_encoder.base import stateless
 from megatron.energon.worker import WorkerConfig
 from megatron.energon.wrappers.batch_dataset import BatchDataset
+from megatron.energon.wrappers.log_sample_dataset import LogSampleDataset
+from megatron.energon.wrappers.repeat_dataset import RepeatDataset
+from megatron.energon.wrappers.shuffle_buffer_dataset import ShuffleBufferDataset
 
 from energon_pack.config import PackingConfig
 from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.rows.flops import CostModel, grid_rows
 from energon_pack.errors import BadSampleError
 from energon_pack.packing.budget import fits_one_row, row_budget, sample_misfit
+from energon_pack.config.blend import schedule_size_problem, weights_problem
+from energon_pack.runtime.blend_stage import ShareBlendDataset
 from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
 from energon_pack.qwen.encode import PreparedChat, QwenChatEncoder
 from energon_pack.qwen.fit import MediaGeometry
@@ -50,6 +55,31 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 class WeightedBlendWithoutRepeatError(ValueError):
     """A weighted metadataset blend was asked for as one finite epoch (``repeat=False``)."""
+
+
+class BlendConfigError(ValueError):
+    """The blend settings do not fit the metadataset (weights, schedule size, epochized schedule)."""
+
+
+def blend_entry(index: int, loaded: Any) -> dict[str, Any]:
+    """How a blend entry is named in statistics and errors: its index, path, subflavors, weight and
+    repetitions (``loaded``: Energon's ``LoadedDataset``)."""
+    factory = loaded.dataset
+    path = getattr(factory, "path", None) or next(iter(getattr(factory, "paths", []) or []), None)
+    return {
+        "index": index,
+        "path": None if path is None else str(path),
+        "subflavors": dict(getattr(factory, "subflavors", None) or {}),
+        "weight": loaded.weight,
+        "repetitions": loaded.repetitions,
+    }
+
+
+def entry_name(entry: dict[str, Any]) -> str:
+    """Example: ``{"index": 1, "path": "/d/video", "subflavors": {"source": "v"}, ...}`` ->
+    ``"blend entry 1 (/d/video, subflavors {'source': 'v'})"``."""
+    subflavors = f", subflavors {entry['subflavors']}" if entry["subflavors"] else ""
+    return f"blend entry {entry['index']} ({entry['path']}{subflavors})"
 
 
 class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
@@ -96,6 +126,10 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         #: Where each worker records the sample it is decoding (named when the worker dies).
         self.inflight = InflightRecorder(stats_dir)
         self.exclude = ExcludeList(config.loader.exclude)
+        #: The metadataset's blend entries (``blend_entry``) once the train dataset is built; [] without a blend.
+        self.blend_entries: list[dict[str, Any]] = []
+        #: The share blend of a token unit or schedule (one per worker after forking), else None.
+        self._share_blend: ShareBlendDataset | None = None
         #: Modelled FLOPs of rows (``row_cost["flops"]``) when ``config.policy.cost_model`` is set.
         self.cost_model = (
             None if config.policy.cost_model is None
@@ -141,6 +175,18 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             sample, images=sample.images, videos=sample.videos, **({"audios": sample.audios} if sample.audios else {}),
             **vars(prepared),
         )
+
+    def blend_units(self, sample: PreparedSample) -> int:
+        """What ``sample`` counts toward its source's share under ``blend_unit``: 1, its real tokens
+        or its supervised tokens; 0 for a sample no row will carry (a skip marker, a misfit)."""
+        if sample.skip_reason is not None or sample_misfit(sample, self.budget, self.config.row, self.config.policy):
+            return 0
+        unit = self.config.policy.blend_unit
+        if unit == "tokens":
+            return sample.num_tokens
+        if unit == "supervised_tokens":
+            return sample.supervised_tokens
+        return 1
 
     def _fits_row(self, num_tokens: int, geometry: MediaGeometry) -> bool:
         """Whether a sample of ``num_tokens`` tokens with this media geometry fits one row (``fits_one_row``)."""
@@ -265,16 +311,111 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
         repeat: bool = True,
         **kwargs: Any,
     ) -> SavableDataset[dict]:
-        """Energon's, refusing a weighted blend read as one finite epoch with a ValueError and its fix
-        (a weighted blend samples datasets forever; Energon would stop on an assertion)."""
+        """Energon's, with the blend settings (``blend_unit``, ``blend_schedule``) checked against the
+        metadataset, and a share blend after preencode when they ask for one (:meth:`_build_share_blend`).
+
+        A weighted blend read as one finite epoch is refused with a ValueError and its fix (a
+        weighted blend samples datasets forever; Energon would stop on an assertion).
+        """
         if blend_mode == DatasetBlendMode.DATASET_WEIGHT and not repeat:
             raise WeightedBlendWithoutRepeatError(
                 "a weighted metadataset blend cannot be read as one finite epoch (repeat=False); "
                 "fix: set repeat=True, or use blend_epochized with repetitions in the metadataset"
             )
+        self._share_blend = None
+        blended = len(datasets) > 1 and blend_mode in (DatasetBlendMode.DATASET_WEIGHT, DatasetBlendMode.SAMPLE_REPETITIONS)
+        self.blend_entries = [blend_entry(i, d) for i, d in enumerate(datasets)] if blended else []
+        self._check_blend(datasets, blend_mode, blended)
+        policy = self.config.policy
+        if blended and (policy.blend_unit != "samples" or policy.blend_schedule is not None):
+            return self._build_share_blend(datasets, worker_config=worker_config, blend_mode=blend_mode, repeat=repeat, **kwargs)
         return super().build_train_datasets(
             datasets=datasets, worker_config=worker_config, blend_mode=blend_mode, repeat=repeat, **kwargs
         )
+
+    def _check_blend(self, datasets: list[Any], blend_mode: DatasetBlendMode, blended: bool) -> None:
+        """Refuse blend settings that do not fit the metadataset, naming the value, the rule and the fix."""
+        policy = self.config.policy
+        schedule = policy.blend_schedule
+        if schedule is not None and blend_mode == DatasetBlendMode.SAMPLE_REPETITIONS:
+            raise BlendConfigError(
+                "blend_schedule sets blend weights over training steps, but the metadataset is blend_epochized "
+                "(repetitions, one finite epoch); fix: use `blend:` with `weight:` entries (and repeat=True), or "
+                "remove blend_schedule"
+            )
+        problem = schedule_size_problem(schedule, len(datasets)) if schedule is not None else None
+        if problem is None and blend_mode == DatasetBlendMode.DATASET_WEIGHT and blended:
+            weights = [1.0 if d.weight is None else d.weight for d in datasets]
+            problem = weights_problem("the metadataset's blend weights", weights)
+            if problem is None and policy.blend_unit == "samples" and schedule is None and min(weights) <= 0:
+                problem = (
+                    f"the metadataset's blend weights {weights}: Energon's sample blend needs every weight above 0; "
+                    "fix: remove the entries of weight 0, or set blend_unit: tokens (or a blend_schedule), which "
+                    "leave a source of weight 0 out"
+                )
+        if problem is not None:
+            raise BlendConfigError(problem)
+
+    def _build_share_blend(
+        self,
+        datasets: list[Any],
+        *,
+        worker_config: WorkerConfig,
+        blend_mode: DatasetBlendMode,
+        repeat: bool,
+        batch_size: int | None,
+        batch_drop_last: bool = False,
+        packing_buffer_size: int | None = None,
+        virtual_epoch_length: int = 0,
+        shuffle_buffer_size: int | None = None,
+    ) -> SavableDataset[dict]:
+        """Energon's train pipeline with the blend moved after preencode: each source is loaded (cooked)
+        and preencoded on its own (looping for ``blend``, repeated ``repetitions`` times for
+        ``blend_epochized``), a :class:`ShareBlendDataset` draws from them by shares, then shuffle
+        buffer, packing stage and batching as usual."""
+        weighted = blend_mode == DatasetBlendMode.DATASET_WEIGHT
+        global_workers = max(1, worker_config.num_workers) * worker_config.world_size
+        offsets, total = [], 0
+        for loaded in datasets:  # Energon's worker rotation: each source starts where the previous ended
+            offsets.append(total % global_workers)
+            total += len(loaded.dataset)
+        sources = []
+        for loaded, offset in zip(datasets, offsets):
+            source = self._load_dataset(loaded, offset, worker_config=worker_config)
+            if weighted:
+                source = RepeatDataset(source, worker_config=worker_config)
+            elif loaded.repetitions not in (None, 1):
+                source = RepeatDataset(source, repeats=loaded.repetitions, worker_config=worker_config)
+            sources.append(self.build_encode_sample(source, worker_config=worker_config))
+        policy = self.config.policy
+        dataset: SavableDataset = ShareBlendDataset(
+            sources,
+            weights=[1.0 if d.weight is None else float(d.weight) for d in datasets] if weighted else None,
+            units=self.blend_units,
+            unit=policy.blend_unit,
+            schedule=policy.blend_schedule,
+            schedule_mode=policy.blend_schedule_mode,
+            micro_batches_per_step=self.config.trainer.micro_batches_per_step or 1,
+            names=[entry_name(entry) for entry in self.blend_entries],
+            worker_config=worker_config,
+        )
+        self._share_blend = dataset
+        if repeat and not weighted:
+            dataset = RepeatDataset(dataset, worker_config=worker_config)
+        if shuffle_buffer_size is not None and shuffle_buffer_size > 1:
+            dataset = ShuffleBufferDataset(dataset, size=shuffle_buffer_size, worker_config=worker_config)
+        dataset = self.build_batch(
+            dataset, batch_size=batch_size, batch_drop_last=batch_drop_last,
+            packing_buffer_size=packing_buffer_size, worker_config=worker_config,
+        )
+        if virtual_epoch_length > 0:
+            raise BlendConfigError(
+                f"virtual_epoch_length={virtual_epoch_length} is not supported with blend_unit/blend_schedule; "
+                "fix: leave virtual_epoch_length at 0"
+            )
+        if worker_config.should_log(level=1):
+            dataset = LogSampleDataset(dataset, mode="train", worker_config=worker_config)
+        return dataset
 
     def build_batch(
         self,
@@ -315,6 +456,7 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             pack=self.pack_selected_samples,
             worker_config=worker_config,
             stats_dir=self.stats_dir,
+            blend=self._share_blend,
         )
         return BatchDataset(
             packed,

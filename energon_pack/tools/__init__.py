@@ -25,6 +25,9 @@ ratio holds on a noisy machine.
   against the exact path ("HF"): images/s, max abs difference and PSNR of the patches.
 - ``prepare`` (`bench_prepare`): ``prepare`` from Parquet with embedded JPEGs against the same
   records as JSON + files: samples/s and peak memory next to one row group.
+- ``blend`` (`bench_blend`): a metadataset blend read under each ``blend_unit``: per source its
+  weight's share against the realized shares of samples, real and supervised tokens, and fill
+  (not in ``--stage all``: it compares units, not ours against HF).
 - ``audio`` (`bench_audio`): Qwen2.5-Omni features of 1-30 s clips, their real frames against the
   Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input.
 """
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_pack.core.tables import format_table
+from energon_pack.tools.bench_blend import bench_blend, blend_options
 from energon_pack.tools.bench_foreign import bench_foreign
 from energon_pack.errors import UsageError
 from energon_pack.tools.bench_audio import bench_audio
@@ -62,11 +66,13 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "plan": bench_plan,
     "foreign": bench_foreign,
     "prepare": bench_prepare,
+    "blend": bench_blend,
     "audio": bench_audio,
 }
 #: Stages whose benchmark takes options from the command line and prints its own tables.
 OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "loader": loader_options, "plan": plan_options, "foreign": lambda args: None, "prepare": prepare_options,
+    "blend": blend_options,
 }
 #: Stages of ``--stage all``, in run order.
 STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "audio")

@@ -183,6 +183,33 @@ def test_a_bridge_sample_with_tools_gives_the_processor_ids_with_those_tools(pro
     assert len(reference["input_ids"][0]) > len(without["input_ids"][0])
 
 
+def test_bridge_turns_keep_their_tool_calls_and_tool_results(processor_qwen3):
+    """Bridge keeps every field of a turn (``cook_chatml_sample``): an assistant turn's ``tool_calls``
+    and a tool turn's ``name`` / ``tool_call_id`` reach the template, in ``from``/``value`` turns too;
+    our ids equal the processor's on those messages (the compatibility run checks Bridge's own)."""
+    from energon_pack.core.samples import QwenVLChatSample
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+
+    call = {"type": "function", "function": {"name": "zoom", "arguments": {"box": [1, 2, 3, 4]}}}
+    turns = [{"from": "human", "value": "Zoom on the cat."}, {"from": "gpt", "value": "", "tool_calls": [call]},
+             {"role": "tool", "name": "zoom", "tool_call_id": "c1", "content": "a grey cat"},
+             {"from": "gpt", "value": "A grey cat.", "reasoning_content": "It is grey."}]
+    fields = bridge_fields({"json": json.dumps({"conversations": turns, "tools": TOOLS}).encode()},
+                           field_map={"conversation": "json"})
+    assert fields["invalid_reason"] is None, fields["invalid_detail"]
+    assert fields["conversation"][1]["tool_calls"] == [call]
+    assert {k: fields["conversation"][2][k] for k in ("name", "tool_call_id")} == {"name": "zoom", "tool_call_id": "c1"}
+    sample = QwenVLChatSample(__key__="c", __restore_key__=(), __subflavors__=None, __sources__=None, **fields)
+    prepared = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096), processor_qwen3).preencode_sample(sample)
+    messages = [{"role": "user", "content": "Zoom on the cat."}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "zoom", "tool_call_id": "c1", "content": "a grey cat"},
+                {"role": "assistant", "content": "A grey cat."}]
+    reference = hf_reference(processor_qwen3, messages, [], [], tools=TOOLS)
+    assert prepared.skip_reason is None, prepared.skip_detail
+    assert torch.equal(prepared.input_ids, reference["input_ids"][0])
+    assert "<tool_call>" in processor_qwen3.tokenizer.decode(prepared.input_ids)
+
+
 def test_a_tools_member_wins_over_the_conversation_json_and_a_malformed_one_is_a_skip():
     field_map = {"conversation": "json", "tools": "tools.json"}
     other = [{"type": "function", "function": {"name": "other"}}]
@@ -260,53 +287,91 @@ def test_bridge_datasets_load_with_rows_equal_to_the_hf_processor(tmp_path, proc
 
 
 def _hf_frame_list_reference(processor, messages, videos):
-    """The processor given the frames themselves (decoded with Pillow), sampled by our rule for a
-    clip taken at the processor's rate (``VisionSpec.fps``): docs/foreign_datasets.md."""
+    """The Hugging Face processor given the frames themselves (decoded with Pillow), every one of
+    them, without sampling (``do_sample_frames=False``: it pads an odd count with the last frame),
+    their metadata saying they were taken at the processor's rate (``VisionSpec.fps``):
+    docs/foreign_datasets.md."""
     import io
 
     import numpy as np
     from PIL import Image
     from transformers.video_utils import VideoMetadata
 
-    from energon_pack.qwen.geometry import VisionSpec, sample_frame_indices
+    from energon_pack.qwen.geometry import VisionSpec
 
-    spec = VisionSpec.from_processor(processor)
-    clips, metadata = [], []
-    for frame_list in videos:
-        frames = np.stack([np.asarray(Image.open(io.BytesIO(frame)).convert("RGB")) for frame in frame_list])
-        indices = sample_frame_indices(len(frames), spec.fps, spec)
-        clips.append(frames[indices])
-        metadata.append(VideoMetadata(total_num_frames=len(frames), fps=spec.fps, frames_indices=list(indices)))
+    rate = VisionSpec.from_processor(processor).fps
+    clips = [np.stack([np.asarray(Image.open(io.BytesIO(frame)).convert("RGB")) for frame in frames]) for frames in videos]
+    metadata = [VideoMetadata(total_num_frames=len(clip), fps=rate, frames_indices=list(range(len(clip)))) for clip in clips]
     return processor(
         text=[processor.apply_chat_template(list(messages))], videos=clips, video_metadata=metadata,
         do_sample_frames=False, return_tensors="pt",
     )
 
 
+@pytest.mark.parametrize("num_frames", [3, 5, 6, 7, 9])
 @pytest.mark.parametrize("family", ["processor", "processor_qwen3"])
-def test_a_frame_list_video_equals_the_hf_processor_given_those_frames(request, family):
+def test_a_frame_list_video_equals_the_hf_processor_given_those_frames(request, family, num_frames):
+    """Golden: ids, grids, pixels (float32 and the uint8 payload) and ``second_per_grid_ts`` of a
+    frame list equal the processor's given every frame; an odd count keeps its last frame (the
+    processor repeats it: t = ceil(n / 2)), and preencode's token count (headers only) is the
+    decoded row's."""
     from energon_pack import QwenVLPackingTaskEncoder
     from energon_pack.core.samples import QwenVLChatSample
     from tests.support.bridge_datasets import frame_list
 
     processor = request.getfixturevalue(family)
-    frames = frame_list(7, 6, 96, 64)
+    frames = frame_list(7, num_frames, 96, 64)
     fields = _fields({
         "jpgs": pickle.dumps([]), "videos": pickle.dumps([frames]),
         "json": json.dumps([{"from": "human", "value": "<video>\nWhat happens?"}, {"from": "gpt", "value": "Flicker."}]).encode(),
     })
     assert fields["invalid_reason"] is None and fields["videos"] == [tuple(frames)]
-    encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096, pixel_dtype="float32"), processor)
     sample = QwenVLChatSample(__key__="v", __restore_key__=(), __subflavors__=None, __sources__=None, **fields)
-    prepared = encoder.preencode_sample(sample)
-    assert prepared.skip_reason is None, prepared.skip_detail
-    visual = encoder.postencode_sample(prepared).segment.visual
     reference = _hf_frame_list_reference(processor, fields["conversation"], fields["videos"])
-    assert torch.equal(prepared.input_ids, reference["input_ids"][0])
-    assert torch.equal(visual.video_grid_thw, reference["video_grid_thw"])
+    assert reference["video_grid_thw"][0, 0] == -(-num_frames // 2)
+    visuals = {}
+    for dtype in ("float32", "uint8"):
+        encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096, pixel_dtype=dtype), processor)
+        prepared = encoder.preencode_sample(sample)
+        assert prepared.skip_reason is None, prepared.skip_detail
+        assert torch.equal(prepared.input_ids, reference["input_ids"][0])
+        slots = encoder.allocate_row_pixels([prepared])[0]
+        encoded = encoder.postencode_sample(prepared, slots)
+        assert torch.equal(encoded.segment.input_ids, prepared.input_ids)
+        visuals[dtype] = encoded.segment.visual
+        assert torch.equal(visuals[dtype].video_grid_thw, reference["video_grid_thw"])
+        if "second_per_grid_ts" in reference:
+            assert prepared.second_per_grid_ts == [float(v) for v in reference["second_per_grid_ts"]] == [1.0]
+    torch.testing.assert_close(visuals["float32"].pixel_values_videos, reference["pixel_values_videos"], rtol=0, atol=1e-6)
+    normalised = visuals["uint8"].normalized_for_model()["pixel_values_videos"]
+    torch.testing.assert_close(normalised, reference["pixel_values_videos"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["processor", "processor_qwen3"])
+def test_a_one_frame_list_is_what_the_processor_makes_of_one_frame(request, family):
+    """Qwen2.5-VL pads one frame to a temporal step; Qwen3-VL from transformers 5.15 refuses a clip
+    shorter than the temporal patch, and so do we (``too_few_frames``)."""
+    from energon_pack import QwenVLPackingTaskEncoder
+    from energon_pack.core.samples import QwenVLChatSample
+    from energon_pack.qwen.geometry import VisionSpec
+    from tests.support.bridge_datasets import frame_list
+
+    processor = request.getfixturevalue(family)
+    fields = _fields({"videos": pickle.dumps([frame_list(3, 1, 96, 64)]),
+                      "json": b'[{"from": "human", "value": "<video>Go"}, {"from": "gpt", "value": "x"}]'})
+    sample = QwenVLChatSample(__key__="one", __restore_key__=(), __subflavors__=None, __sources__=None, **fields)
+    encoder = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096, pixel_dtype="float32"), processor)
+    prepared = encoder.preencode_sample(sample)
+    if VisionSpec.from_processor(processor).clip_rule == "round":
+        with pytest.raises(ValueError, match="temporal_factor"):
+            _hf_frame_list_reference(processor, fields["conversation"], fields["videos"])
+        assert prepared.skip_reason == "too_few_frames"
+        return
+    reference = _hf_frame_list_reference(processor, fields["conversation"], fields["videos"])
+    assert prepared.skip_reason is None and torch.equal(prepared.input_ids, reference["input_ids"][0])
+    visual = encoder.postencode_sample(prepared).segment.visual
+    assert torch.equal(visual.video_grid_thw, reference["video_grid_thw"]) and visual.video_grid_thw[0, 0] == 1
     torch.testing.assert_close(visual.pixel_values_videos, reference["pixel_values_videos"], rtol=0, atol=1e-6)
-    if "second_per_grid_ts" in reference:
-        assert prepared.second_per_grid_ts == [float(v) for v in reference["second_per_grid_ts"]]
 
 
 def test_frame_lists_with_mixed_sizes_are_a_counted_skip(processor):

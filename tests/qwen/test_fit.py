@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from energon_pack.core.conversation import Message
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec, image_grid, image_token_count, smart_resize
-from energon_pack.qwen.media import ImageInfo, VideoInfo
+from energon_pack.qwen.media import FRAME_LIST, ImageInfo, VideoInfo
 from energon_pack.qwen.template import (
     expand_media_placeholders,
     placeholder_token_count,
@@ -43,6 +43,30 @@ def test_media_geometry_of_videos() -> None:
     assert geometry.video_grid_thw.tolist() == [[3, 34, 46]]
     assert geometry.second_per_grid_ts == (1.0,)
     assert geometry.vision_patches == 3 * 34 * 46
+
+
+def _frame_list(num_frames: int, height: int, width: int) -> VideoInfo:
+    return VideoInfo(num_frames=num_frames, fps=QWEN25.fps, width=width, height=height, codec="jpeg", container=FRAME_LIST)
+
+
+@pytest.mark.parametrize("spec", [QWEN25, QWEN3], ids=["qwen2.5-vl", "qwen3-vl"])
+def test_a_frame_list_keeps_every_frame_and_the_rate_rule(spec) -> None:
+    # 5 frames: all kept, padded by the processor to 6 (t = 3); a 5-frame file at 2 fps keeps 4.
+    geometry = media_geometry([], [_frame_list(5, 336, 336)], spec)
+    assert geometry.timings[0].frame_indices == (0, 1, 2, 3, 4) and geometry.video_grid_thw[0, 0] == 3
+    assert geometry.second_per_grid_ts == (2 / spec.fps,)
+    as_file = media_geometry([], [_video(5, spec.fps, 336, 336)], spec)
+    assert as_file.timings[0].frame_indices == (0, 1, 3, 4) and as_file.video_grid_thw[0, 0] == 2
+
+
+def test_shrink_tries_the_even_count_below_an_odd_frame_list() -> None:
+    video = _frame_list(9, 336, 336)  # 24x24 patches a step; all 9 frames: 5 steps
+    per_step = 24 * 24
+    assert media_geometry([], [video], QWEN25).vision_patches == 5 * per_step
+    limits = shrink_limits([], [video], QWEN25, fits=lambda g: g.vision_patches <= 4 * per_step)
+    assert limits == MediaLimits(image_max_pixels=QWEN25.image_max_pixels, max_frames=8)
+    shrunk = media_geometry([], [video], limits.apply(QWEN25))
+    assert shrunk.timings[0].frame_indices == (0, 1, 2, 3, 5, 6, 7, 8) and shrunk.second_per_grid_ts == (9 / 8,)
 
 
 def test_shrink_limits_docstring_example() -> None:

@@ -34,6 +34,7 @@ from transformers.video_utils import VideoMetadata
 
 from energon_pack.qwen.geometry import (
     VisionSpec,
+    frame_list_indices,
     image_grid,
     image_token_count,
     resized_image_size,
@@ -337,6 +338,23 @@ def test_sample_frame_indices_rejects(total, fps_in, reason):
     with pytest.raises(BadMediaError) as caught:
         sample_frame_indices(total, fps_in, QWEN25)
     assert caught.value.reason == reason
+
+
+@pytest.mark.parametrize(("total", "max_frames", "expected"), [
+    (1, 768, [0]), (5, 768, [0, 1, 2, 3, 4]), (9, 9, list(range(9))),  # every frame, an odd count too
+    (9, 4, [0, 3, 5, 8]), (10, 7, [0, 2, 4, 5, 7, 9]),  # beyond max_frames: as a 9 (10)-frame file at spec.fps
+])
+def test_frame_list_indices_keep_every_frame_up_to_max_frames(total, max_frames, expected):
+    spec = VisionSpec(**{**QWEN25.__dict__, "max_frames": max_frames})
+    assert frame_list_indices(total, spec) == expected
+    if total > max_frames:
+        assert expected == sample_frame_indices(total, spec.fps, spec)
+
+
+def test_frame_list_indices_reject_an_empty_list():
+    with pytest.raises(BadMediaError) as caught:
+        frame_list_indices(0, QWEN25)
+    assert caught.value.reason == "too_few_frames"
 
 
 @settings(max_examples=300, deadline=None)

@@ -95,14 +95,16 @@ class AudioSpec:
 @dataclass(frozen=True, kw_only=True)
 class AudioInfo:
     """Facts of the first audio stream: ``samples`` at the model rate (uncapped), source
-    ``sample_rate`` and ``channels``, decoder ``codec``, and ``exact_from_header`` (True: the count
-    came from the header, False: from a counted decode)."""
+    ``sample_rate`` and ``channels``, decoder ``codec``, ``exact_from_header`` (True: the count
+    came from the header, False: from a counted decode) and the FFmpeg demuxer (``container``,
+    e.g. ``"ogg"``)."""
 
     samples: int
     sample_rate: int
     channels: int
     codec: str
     exact_from_header: bool
+    container: str = ""
 
     def seconds(self, spec: AudioSpec) -> float:
         """Duration in seconds at the model rate."""
@@ -177,12 +179,13 @@ def probe_audio(data: bytes, spec: AudioSpec = AudioSpec(), *, count_up_to: int 
         stream = container.streams.audio[0]
         rate, channels, codec = _stream_facts(stream)
         header = _header_samples(stream, rate, codec, spec)
+        facts = dict(sample_rate=rate, channels=channels, codec=codec, container=str(container.format.name))
     if header is not None:
-        return AudioInfo(samples=header, sample_rate=rate, channels=channels, codec=codec, exact_from_header=True)
+        return AudioInfo(samples=header, exact_from_header=True, **facts)
     samples = sum(block.size for block in _resampled_blocks(data, spec, None if count_up_to is None else count_up_to + 1))
     if samples == 0:
         raise BadMediaError("empty_audio", "the audio stream decodes to no samples; fix: drop the empty clip")
-    return AudioInfo(samples=samples, sample_rate=rate, channels=channels, codec=codec, exact_from_header=False)
+    return AudioInfo(samples=samples, exact_from_header=False, **facts)
 
 
 def _header_samples(stream: Any, rate: int, codec: str, spec: AudioSpec) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,27 @@ def test_inspect_counts_audio_samples_with_the_omni_family(tmp_path: Path, capsy
     assert cli_main(["inspect", str(tmp_path / "out")]) == 0  # the default Qwen2.5-VL processor hears nothing
     line = next(line for line in capsys.readouterr().out.splitlines() if "skipped: audio_not_supported" in line)
     assert line.split()[-1] == "4"  # the two clips, the image + audio chat and the video heard with its sound
+
+
+def test_parquet_audio_column_as_the_datasets_audio_feature(tmp_path: Path):
+    """A Parquet ``audio`` column of ``{"bytes", "path"}`` structs (the Hub's Audio feature): embedded
+    bytes become audio members, named by their path's extension or else by their container."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.support.audio_media import encode_audio, tone
+
+    flac = encode_audio(tone(0.5, 16000), 16000, "flac")
+    opus = encode_audio(tone(0.4, 48000), 48000, "ogg_opus")
+    chat = lambda n: json.dumps([{"role": "user", "content": "<audio>" * n + "What?"}, {"role": "assistant", "content": "A."}])  # noqa: E731
+    table = pa.table({
+        "id": ["one", "two"],
+        "messages": [chat(1), chat(2)],
+        "audio": [[{"bytes": flac, "path": "clip.flac"}], [{"bytes": opus, "path": None}, {"bytes": flac, "path": None}]],
+    })
+    pq.write_table(table, tmp_path / "t.parquet")
+    report = prepare_dataset(tmp_path / "t.parquet", tmp_path, tmp_path / "out", progress=False)
+    assert report.written == 2 and not report.problems, report.problems
+    assert ("audio", "ogg", "opus") in report.media_kinds and ("audio", "flac", "flac") in report.media_kinds
+    samples = load_all(tmp_path / "out", 0)
+    assert samples["one"].audios == [flac] and samples["two"].audios == [opus, flac]

@@ -150,16 +150,11 @@ class OmniHearing:
 @dataclass(frozen=True)
 class _Hearing:
     """The sounds of one Omni sample in token order: sources (see ``PreparedChat.audio_sources``),
-    model-rate samples of each, the sample's flag and its number of videos."""
+    model-rate samples of each, and the sample's number of videos."""
 
     sources: list[int]
     samples: list[int]
-    use_audio_in_video: bool
     videos: int
-
-    @classmethod
-    def of(cls, prepared: PreparedChat, videos: int) -> _Hearing:
-        return cls(list(prepared.audio_sources or []), list(prepared.audio_samples or []), prepared.use_audio_in_video, videos)
 
 
 class QwenChatEncoder:
@@ -312,41 +307,45 @@ class QwenChatEncoder:
                     "(load_processor(family='qwen2.5-omni')), or drop the audio",
                 )
             return None
-        sources: list[int] = []
-        audio_index = video_index = 0
-        for message in conversation:
-            for part in message["content"]:
-                if part["type"] == "audio":
-                    sources.append(audio_index)
-                    audio_index += 1
-                elif part["type"] == "video":
-                    if use_audio_in_video:
-                        if not video_infos[video_index].has_audio:
-                            raise BadSampleError(
-                                "video_without_audio",
-                                f"video {video_index} has no sound track but use_audio_in_video is set; fix: set "
-                                "use_audio_in_video false for this record, or store the video with its sound",
-                            )
-                        sources.append(-1 - video_index)
-                    video_index += 1
-        if audio_index != len(audios):
+        kinds = [part["type"] for message in conversation for part in message["content"] if part["type"] in ("audio", "video")]
+        if (kinds.count("audio"), kinds.count("video")) != (len(audios), len(videos)):
             raise BadSampleError(
                 "placeholder_mismatch",
-                f"{audio_index} audio placeholder(s) but {len(audios)} audio(s) given; put one <audio> (or "
-                "{'type': 'audio'}) per audio",
+                f"{kinds.count('audio')} audio and {kinds.count('video')} video placeholder(s) but {len(audios)} audio(s) "
+                f"and {len(videos)} video(s) given; put one <audio> / <video> (or typed part) per medium",
             )
+        sources: list[int] = []
+        audio_index = video_index = 0
+        for kind in kinds:
+            if kind == "audio":
+                sources.append(audio_index)
+                audio_index += 1
+                continue
+            if use_audio_in_video:
+                if not video_infos[video_index].has_audio:
+                    raise BadSampleError(
+                        "video_without_audio",
+                        f"video {video_index} has no sound track but use_audio_in_video is set; fix: set "
+                        "use_audio_in_video false for this record, or store the video with its sound",
+                    )
+                sources.append(-1 - video_index)
+            video_index += 1
         with timed("probe"):
             samples = [self.hearing.samples(audios[i] if i >= 0 else videos[-1 - i]) for i in sources]
-        return _Hearing(sources=sources, samples=samples, use_audio_in_video=use_audio_in_video, videos=len(videos))
+        return _Hearing(sources=sources, samples=samples, videos=len(videos))
 
     def _sound_tokens(self, hearing: _Hearing) -> SoundTokens:
         tokens = dict(zip(hearing.sources, map(self.hearing.tokens, hearing.samples)))
-        seconds = self.vision.temporal_patch_size / OMNI_VIDEO_FPS
         return SoundTokens(
             audios=tuple(tokens[i] for i in sorted(i for i in hearing.sources if i >= 0)),
             videos=tuple(tokens.get(-1 - j) for j in range(hearing.videos)),
-            video_second_per_grid=(seconds,) * hearing.videos,
+            video_second_per_grid=self._video_second_per_grid(hearing.videos),
         )
+
+    def _video_second_per_grid(self, videos: int) -> tuple[float, ...]:
+        """Seconds per temporal grid step of each of ``videos`` videos, as ``Qwen2_5OmniProcessor``
+        sets them: ``temporal_patch_size / 2.0`` (its fps when none is passed). Example: 2 -> (1.0, 1.0)."""
+        return (self.vision.temporal_patch_size / OMNI_VIDEO_FPS,) * videos
 
     def _tokenize(self, chat: _Chat, geometry: MediaGeometry, hearing: _Hearing | None = None) -> TokenizedConversation:
         grids = dict(image_grid_thw=geometry.image_grid_thw, video_grid_thw=geometry.video_grid_thw, videos=geometry.timings)
@@ -437,7 +436,7 @@ class QwenChatEncoder:
                     image_grid_thw=prepared.image_grid_thw,
                     video_grid_thw=prepared.video_grid_thw,
                     audio_feature_lengths=None if audio is None else audio.audio_feature_lengths,
-                    video_second_per_grid=self._sound_tokens(_Hearing.of(prepared, len(videos))).video_second_per_grid,
+                    video_second_per_grid=self._video_second_per_grid(len(videos)),
                     use_audio_in_video=prepared.use_audio_in_video,
                 )
             else:

@@ -204,7 +204,25 @@ def resume_fingerprint(
         "world_size": world_size,
         "split": split,
         "dataset": dataset,
+        **online_balance_fingerprint(config),
     }
+
+
+def online_balance_fingerprint(config: PackingConfig) -> dict[str, Any]:
+    """What an online loader with balanced steps (``balance_steps`` without a plan) adds to its
+    resume fingerprint: the row order depends on the cost model, the window and the step size
+    ({} when it does not balance, so other states keep their fingerprint).
+
+    Example: ``balance_steps=True, cost_model="qwen2.5-vl-7b", micro_batches_per_step=2`` ->
+    ``{"balance_steps": True, "cost_model": "qwen2.5-vl-7b", "frozen_vision": False,
+    "balance_window_rows": 256, "micro_batches_per_step": 2}``.
+    """
+    policy = config.policy
+    if not policy.balance_steps or policy.mode != "online" or config.trainer.micro_batches_per_step is None:
+        return {}
+    return {"balance_steps": True, "cost_model": policy.cost_model, "frozen_vision": policy.frozen_vision,
+            "balance_window_rows": policy.balance_window_rows,
+            "micro_batches_per_step": config.trainer.micro_batches_per_step}
 
 
 # --------------------------------------------------------------------------- plans

@@ -28,7 +28,7 @@ from megatron.energon import (
 )
 
 from energon_pack.config import PackingConfig
-from energon_pack.identity import check_resume_fingerprint, dataset_config_fingerprint, resume_fingerprint
+from energon_pack.identity import dataset_config_fingerprint, online_balance_fingerprint, resume_fingerprint
 from energon_pack.config.blend import weights_problem
 from energon_pack.core.dataset_path import METADATASET_SUFFIXES, as_dataset_path, check_dataset_path
 from energon_pack.errors import UsageError
@@ -37,7 +37,8 @@ from energon_pack.formats.sample_mapping import SampleMapping, loader_sample_map
 from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
 from energon_pack.qwen.rope import RopeSpec
-from energon_pack.runtime.state_check import check_loader_state
+from energon_pack.runtime.balanced_stage import balance_report
+from energon_pack.runtime.state_check import check_loader_state, check_restored_type
 from energon_pack.runtime.inflight import naming_dead_workers
 from energon_pack.runtime.workers import frozen_gc
 from energon_pack.runtime.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
@@ -123,9 +124,15 @@ class PackingDataLoader(SavableDataLoader):
         timeout: float = 0,
         blend_entries: Sequence[Mapping[str, Any]] = (),
         blend_unit: str = "samples",
+        step_rows: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        #: Rows of this rank per step (``micro_batches_per_step``) when it balances steps online: a
+        #: state is saved after whole steps only. None: any row.
+        self.step_rows = step_rows
+        #: Rows yielded since this iteration started (or since the restored state's step boundary).
+        self._rows_in_iteration = 0
         pin_only_with_accelerator(self)
         #: torch DataLoader's timeout (Energon passes none): seconds to wait for a worker's next row.
         self.timeout = timeout
@@ -174,6 +181,7 @@ class PackingDataLoader(SavableDataLoader):
         # (num_workers=0) forks nothing, so it skips the collection.
         with frozen_gc(enabled=self.num_workers > 0):
             first = next(batches, None)
+        self._rows_in_iteration = 0
         if first is None:
             return
         for index, batch in enumerate(itertools.chain([first], batches)):
@@ -187,6 +195,7 @@ class PackingDataLoader(SavableDataLoader):
                 self._worker_stats[snapshot["worker_id"]] = snapshot
             if batch.get("__empty__"):
                 continue  # a batch whose samples were all skipped: counted, no row
+            self._rows_in_iteration += 1
             yield batch
 
     def _check_blend_shares(self) -> None:
@@ -236,9 +245,16 @@ class PackingDataLoader(SavableDataLoader):
         report["family"] = self.fingerprint["vision.family"]
         report["blend_unit"] = self.blend_unit
         report["sources"] = blend_sources(self.blend_entries, report["sources"]) if self.blend_entries else []
+        report.update(balance_report(snapshots))
         return report
 
     def save_state_rank(self) -> PackingLoaderState:
+        if self.step_rows is not None and self._rows_in_iteration % self.step_rows:
+            raise ValueError(
+                f"save_state_rank after {self._rows_in_iteration} rows of this iteration, in the middle of a step of "
+                f"micro_batches_per_step={self.step_rows} rows: a loader balancing steps saves after whole steps "
+                "(its workers' windows are laid out in steps); fix: save at a step boundary (after the optimizer step)"
+            )
         with naming_dead_workers(self._stats_dir.name):  # a worker that died is found here too
             energon_state = super().save_state_rank()
         return PackingLoaderState(
@@ -251,18 +267,16 @@ class PackingDataLoader(SavableDataLoader):
     def restore_state_rank(self, state: PackingLoaderState | None) -> None:
         if state is None:
             return
-        if not isinstance(state, PackingLoaderState):
-            raise TypeError(
-                f"restore_state_rank got {type(state).__name__}; pass the object returned by "
-                "PackingDataLoader.save_state_rank()"
-            )
-        if isinstance(state.fingerprint, Mapping):  # else check_loader_state names it
-            check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        check_restored_type(  # a fingerprint that is no mapping: check_loader_state names it
+            state, PackingLoaderState, loader_name="PackingDataLoader", current_fingerprint=self.fingerprint,
+            allow_inexact=self.allow_inexact_resume,
+        )
         check_loader_state(
             state.fingerprint, state.energon_state, state.worker_stats,
             num_workers=self.num_workers, micro_batch_size=self._get_batch_size(), packing_stage=self.packing_stage,
         )
         super().restore_state_rank(state.energon_state)
+        self._rows_in_iteration = 0
         self._worker_stats = {worker: dict(snapshot) for worker, snapshot in state.worker_stats.items()}
         self._row_stats = None
         if state.row_stats is not None:
@@ -338,6 +352,10 @@ def get_packing_loader(
     row, not one conversation). Other keyword arguments (``checkpoint_every_sec``,
     ``checkpoint_every_min_n_samples``, ...) go to Energon's ``SavableDataLoader``.
 
+    ``config.balance_steps`` without ``plan`` (with ``micro_batches_per_step``): each worker emits
+    its rows in cost windows every rank lays out alike (``energon_pack.runtime.balanced_stage``;
+    train split only, states saved at step boundaries; docs/balanced_steps.md).
+
     ``plan`` (a ``PackPlan`` or the path of one written by ``energon-pack plan``): rows come
     from the plan instead of online selection; the result is a ``PlanDataLoader`` whose state
     restores at any data-parallel size and worker count (see ``energon_pack.plan.loader``).
@@ -368,6 +386,10 @@ def get_packing_loader(
                 path, plan, config, task_encoder, split=split, rank=rank, world_size=world_size,
                 data_parallel_group=group, stats_dir=stats_dir, **loader_kwargs,
             )
+    if split != "train" and config.policy.balance_steps:
+        # A validation or test split is read once, row by row: no optimizer steps to balance.
+        config = PackingConfig(row=config.row, policy=config.policy, loader=config.loader, trainer=config.trainer,
+                               balance_steps=False)
     task_encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec, stats_dir=stats_dir.name)
     worker_config = WorkerConfig(
         rank=rank,
@@ -409,6 +431,7 @@ def get_packing_loader(
         timeout=config.loader.timeout,
         blend_entries=task_encoder.blend_entries,
         blend_unit=config.policy.blend_unit,
+        step_rows=config.trainer.micro_batches_per_step if online_balance_fingerprint(config) else None,
         **{"prefetch_factor": config.loader.prefetch_factor, **_gc_settings(config.loader.num_workers), **loader_kwargs},
     )
 

@@ -38,7 +38,8 @@ class PackingDatasetProvider(DatasetProvider):
     ``plan``: a pack plan of ``path``'s train split (``energon-pack plan``); a balanced plan
     (``balance_steps``) is read in balanced steps of ``global_batch_size`` rows (set it to
     ``cfg.train.global_batch_size``; :func:`~energon_pack.bridge.check_bridge_config` checks it):
-    ``micro_batches_per_step`` = global batch / (micro-batch 1 x the data-parallel size).
+    ``micro_batches_per_step`` = global batch / (micro-batch 1 x the data-parallel size). Without a
+    plan, ``balance_steps`` balances the online train rows in those steps the same way.
     ``num_workers`` mirrors ``packing.num_workers`` (the workers the loader really starts).
     Run :func:`~energon_pack.bridge.check_bridge_config` on the whole config before training.
     """
@@ -86,7 +87,7 @@ class PackingDatasetProvider(DatasetProvider):
             return PackingIterator(loader)
 
         train_packing = self.packing
-        if self.plan is not None and self.global_batch_size is not None:
+        if (self.plan is not None or self.packing.policy.balance_steps) and self.global_batch_size is not None:
             import torch.distributed as dist
 
             dp = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from energon_pack.core.arg_types import comma_separated_ints, comma_separated_ints_or_none, int_at_least, positive_float
 from energon_pack.errors import UsageError
 
 
@@ -121,51 +122,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         hint = "" if "fix:" in message else f"; fix: see `{self.prog} --help`"
         self.exit(2, f"{self.prog}: error: {message}{hint}\n")
-
-
-def comma_separated_ints(text: str) -> list[int]:
-    """``"4096,8192"`` -> ``[4096, 8192]``; anything else raises ``argparse.ArgumentTypeError``."""
-    try:
-        values = [int(value) for value in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of positive integers; fix: write e.g. 4096,8192 (no spaces)"
-        )
-    return values
-
-
-def positive_float(text: str) -> float:
-    """``"0.25"`` -> ``0.25``; zero, a negative, inf, nan or a non-number raises ``argparse.ArgumentTypeError``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number; fix: write e.g. 0.1 or 8000")
-    return value
-
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """A parser of integers >= ``minimum``. Example: ``int_at_least(2)("64")`` -> 64; ``("1")`` raises
-    ``argparse.ArgumentTypeError``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum}; fix: write e.g. {max(minimum, 1) * 8}")
-        return value
-
-    return parse
-
-
-def comma_separated_ints_or_none(text: str) -> list[int]:
-    """:func:`comma_separated_ints`, or ``[]`` for an empty string. Example: ``""`` -> ``[]``."""
-    return comma_separated_ints(text) if text else []
 
 
 DESCRIPTION = (
@@ -329,6 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--cost-model", default="qwen2.5-vl-7b", help="model the rows are costed with: preset name or config.json path"
     )
     steps.add_argument("--frozen-vision", action="store_true", help="cost the vision tower as frozen (forward only)")
+    steps.add_argument(
+        "--workers", type=int_at_least(1), default=2, help="DataLoader workers per rank of the online columns (Energon round-robins them)"
+    )
+    steps.add_argument(
+        "--window-rows", type=int_at_least(1), default=None,
+        help="rows per worker window of online balanced rows (default: balance_window_rows' default, 256)"
+    )
     simulate.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
     simulate.set_defaults(func=_cmd_simulate)
 
@@ -363,6 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
     blend.add_argument(
         "--blend-units", type=lambda text: text.split(","), default="samples,tokens,supervised_tokens",
         help="blend units compared, comma-separated",
+    )
+    prepare_stage = bench.add_argument_group("prepare stage (Parquet with embedded JPEGs against JSON + files)")
+    prepare_stage.add_argument(
+        "--row-group-rows", type=int_at_least(1), default=1000,
+        help="rows per row group of the Parquet file (100: as the Hub's image datasets are written)",
+    )
+    prepare_stage.add_argument("--rounds", type=int_at_least(1), default=2, help="alternating runs of each kind")
+    prepare_stage.add_argument(
+        "--baseline", type=Path, default=None,
+        help="root of another checkout whose energon_pack also prepares the Parquet file, interleaved (default: none)",
     )
     realistic = bench.add_argument_group(
         "--media realistic (also --seq-length, --workers, --epochs, --prefetch-factor; the first of --buffer-sizes)"

@@ -104,21 +104,33 @@ def print_step_table(samples: list[MixSample], source: str, args: argparse.Names
     except ValueError as err:
         raise UsageError(f"--cost-model {args.cost_model!r}: {err}") from None
     defaults = PackingPolicy()
-    table = step_balance_table(
-        samples, cost_model=cost_model, width=args.seq_length, dps=args.dp, micro_batches=args.micro_batches,
-        min_fill=defaults.min_fill, window_steps=defaults.balance_window_steps,
-    )
+    window_rows = defaults.balance_window_rows if args.window_rows is None else args.window_rows
+    try:
+        table = step_balance_table(
+            samples, cost_model=cost_model, width=args.seq_length, dps=args.dp, micro_batches=args.micro_batches,
+            min_fill=defaults.min_fill, max_wait_rounds=defaults.max_wait_rounds,
+            window_steps=defaults.balance_window_steps, window_rows=window_rows, workers=args.workers,
+        )
+    except ValueError as err:  # too few samples for as many worker shards
+        raise UsageError(f"--samples {len(samples)} with --dp {max(args.dp)} x --workers {args.workers}: {err}; "
+                         "fix: more --samples, or fewer ranks or workers") from None
     first = table[0]
     print(f"lengths: {source}; W={args.seq_length} (samples aligned to 64), cost model {args.cost_model}"
           f"{' (frozen vision)' if args.frozen_vision else ''}, fwd+bwd FLOPs per row")
-    print(f"rows {first['rows']} (lower bound {first['lower_bound']}); row cost CV: plain {first['cv_plain']:.3f}, "
-          f"balanced {first['cv_balanced']:.3f}")
-    print("imbalance = slowest rank / mean rank cost of a step; today: rank = position % dp; balanced: "
+    print(f"plan rows {first['rows']} (lower bound {first['lower_bound']}); row cost CV: plain {first['cv_plain']:.3f}, "
+          f"balanced {first['cv_balanced']:.3f}, online {first['cv_online']:.3f}")
+    print("imbalance = slowest rank / mean rank cost of a step; today: plan rows, rank = position % dp; balanced: "
           f"balance_steps plan, cost windows of {defaults.balance_window_steps} steps, LPT dealing")
+    print(f"online: each rank's own online rows, {args.workers} workers per rank read in turn, in planning order; "
+          f"online balanced: windows of {window_rows} rows per worker (rounded to whole steps) laid out by cost "
+          f"(balance_steps without a plan); online fill {first['online_fill']:.2%} either way (same rows)")
     print(format_table([
         {"DP": r["dp"], "micro-batches": r["micro"], "steps": r["steps"],
          "today mean": f"{r['today_mean']:.3f}", "today p99": f"{r['today_p99']:.3f}",
-         "balanced mean": f"{r['balanced_mean']:.3f}", "balanced p99": f"{r['balanced_p99']:.3f}"}
+         "balanced mean": f"{r['balanced_mean']:.3f}", "balanced p99": f"{r['balanced_p99']:.3f}",
+         "online steps": r["online_steps"], "online mean": f"{r['online_mean']:.3f}",
+         "online balanced mean": f"{r['online_balanced_mean']:.3f}",
+         "online balanced p99": f"{r['online_balanced_p99']:.3f}"}
         for r in table
     ]))
     return 0

@@ -82,7 +82,11 @@ class PackingPolicy:
     balance_window_steps: steps per cost window of a balanced plan's stream: inside a window the
         rows are sorted by cost and cut into steps, so a step holds rows of similar cost (1: no
         windows, dealing only).
-    The last four are not in the online resume fingerprint (they change no online row); a plan
+    balance_window_rows: rows per worker window of the online loader's balanced steps
+        (``balance_steps`` without a plan): a worker plans this many rows, ranks them by cost and
+        emits them in a layout every rank shares (rounded up to whole steps; more rows: steadier
+        steps, more buffered samples; see ``docs/balanced_steps.md``).
+    The last five are not in the online resume fingerprint (they change no online row); a plan
     built with ``balance_steps`` records them in its fingerprint.
     blend_unit: what the weights of a metadataset's blend are shares of: ``samples`` (Energon's
         meaning, the default), ``tokens`` (real row tokens) or ``supervised_tokens`` (tokens with
@@ -110,6 +114,7 @@ class PackingPolicy:
     frozen_vision: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     balance_steps: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     balance_window_steps: int = field(default=16, metadata=NOT_FINGERPRINTED)
+    balance_window_rows: int = field(default=256, metadata=NOT_FINGERPRINTED)
     blend_unit: Literal["samples", "tokens", "supervised_tokens"] = "samples"
     blend_schedule: tuple[BlendPoint, ...] | None = None
     blend_schedule_mode: Literal["step", "linear"] = "step"
@@ -193,6 +198,7 @@ class PackingPolicy:
             if not isinstance(getattr(self, name), bool):
                 yield f"{name}={getattr(self, name)!r}: must be true or false; fix: set {name}: true or false"
         yield int_problem("balance_window_steps", self.balance_window_steps, minimum=1)
+        yield int_problem("balance_window_rows", self.balance_window_rows, minimum=1)
         yield from self.blend_problems()
         if self.balance_steps is True and self.cost_model is None:
             yield (

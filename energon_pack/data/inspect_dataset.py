@@ -26,6 +26,18 @@ def _wide_encoder(processor: Any) -> Any:
     return QwenVLPackingTaskEncoder(_WIDE, processor)
 
 
+def _reading_task_encoder() -> Any:
+    """Energon's default task encoder (samples as read), a crude dataset's ``aux:`` handed to its cooker."""
+    from megatron.energon import DefaultTaskEncoder
+
+    from energon_pack.formats.energon_webdataset import AuxLoading
+
+    class ReadingTaskEncoder(AuxLoading, DefaultTaskEncoder):
+        pass
+
+    return ReadingTaskEncoder()
+
+
 def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None, limit: int | None = None) -> Iterator[Any]:
     """Yield ``(raw sample, prepared sample)`` for one pass over ``dataset`` (main process, no workers)."""
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
@@ -37,7 +49,8 @@ def iter_prepared(dataset: Path, *, split: str = "train", processor: Any = None,
     encoder = _wide_encoder(processor)
     with reading_formats():
         samples = get_val_dataset(
-            dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None
+            dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None,
+            task_encoder=_reading_task_encoder(),
         )
     for index, sample in enumerate(tqdm(pin_only_with_accelerator(get_loader(samples)), desc="preencode", unit="sample")):
         if limit is not None and index >= limit:
@@ -147,7 +160,8 @@ def format_lines(dataset: str | Path, *, split: str = "train") -> list[str]:
     lines = describe_format(read_dataset_yaml(dataset), dataset=dataset)
     with reading_formats():
         samples = get_val_dataset(
-            dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None
+            dataset, split_part=split, worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0), batch_size=None,
+            task_encoder=_reading_task_encoder(),
         )
     for sample in pin_only_with_accelerator(get_loader(samples)):
         if sample.invalid_reason is not None:

@@ -10,8 +10,7 @@ snappy, a 64 KiB window of output; a page's levels (one int per value) are kept 
 dictionary page (pyarrow's default writes a group's media into one) is streamed too: its entries
 are read as the data pages' indices reach them and kept until their last use.
 
-``leaf_items(path, row_group, leaf)`` gives each row's items of a leaf; ``leaf_rows`` the row
-values ``pyarrow``'s ``to_pylist()`` gives. What it does not read (other codecs, encodings or
+``leaf_items(path, row_group, leaf)`` gives each row's items of a leaf. What it does not read (other codecs, encodings or
 nesting) raises ``UnsupportedPage`` (the caller reads with pyarrow instead); bytes that do not
 parse raise ``CorruptPage`` naming the file, the column and the row group.
 """
@@ -85,6 +84,8 @@ class _Stream:
 
     def read(self, size: int) -> bytes:
         """The next ``size`` bytes (joined from pieces when they span several)."""
+        if size < 0:
+            raise CorruptPage(f"a length of {size} bytes")
         end = self._position + size
         if end <= len(self._buffer):
             self._position = end
@@ -142,12 +143,21 @@ def _zigzag(value: int) -> int:
     return (value >> 1) ^ -(value & 1)
 
 
-def read_struct(stream: _Stream) -> dict[int, Any]:
+#: Deepest nesting of Thrift structs, lists and maps read (a page header nests 3 deep): deeper
+#: data is corrupt, not a page header, and would otherwise exhaust Python's recursion limit.
+MAX_THRIFT_DEPTH = 16
+
+
+def read_struct(stream: _Stream, depth: int = 0) -> dict[int, Any]:
     """A Thrift compact-protocol struct as ``{field id: value}`` (structs nested as dicts, lists
-    as lists, binaries as bytes, booleans as bool); unknown fields are kept, the caller ignores them.
+    as lists, binaries as bytes, booleans as bool); unknown fields are kept, the caller ignores them
+    (and checks the type of those it reads: ``_struct_field``, ``_int_field``). ``CorruptPage`` for
+    a type that is none, nesting deeper than ``MAX_THRIFT_DEPTH`` or a map key that is a container.
 
     Example: bytes ``15 04 00`` -> ``{1: 2}`` (field 1, i32, zigzag 4 = 2; then STOP).
     """
+    if depth > MAX_THRIFT_DEPTH:
+        raise CorruptPage(f"Thrift data nested deeper than {MAX_THRIFT_DEPTH} levels")
     fields: dict[int, Any] = {}
     last = 0
     while True:
@@ -160,10 +170,10 @@ def read_struct(stream: _Stream) -> dict[int, Any]:
         if kind in (1, 2):  # booleans carry their value in the type
             fields[last] = kind == 1
         else:
-            fields[last] = _read_value(stream, kind)
+            fields[last] = _read_value(stream, kind, depth)
 
 
-def _read_value(stream: _Stream, kind: int) -> Any:
+def _read_value(stream: _Stream, kind: int, depth: int) -> Any:
     if kind in (1, 2):  # a boolean list element: one byte
         return stream.byte() == 1
     if kind == 3:
@@ -174,17 +184,50 @@ def _read_value(stream: _Stream, kind: int) -> Any:
         return stream.read(8)
     if kind == 8:
         return stream.read(stream.varint())
+    if kind in (9, 10, 11, 12) and depth >= MAX_THRIFT_DEPTH:
+        raise CorruptPage(f"Thrift data nested deeper than {MAX_THRIFT_DEPTH} levels")
     if kind in (9, 10):
         header = stream.byte()
         size = header >> 4 if header >> 4 != 15 else stream.varint()
-        return [_read_value(stream, header & 0x0F) for _ in range(size)]
+        return [_read_value(stream, header & 0x0F, depth + 1) for _ in range(size)]
     if kind == 11:
         size = stream.varint()
         types = stream.byte() if size else 0
-        return {_read_value(stream, types >> 4): _read_value(stream, types & 0x0F) for _ in range(size)}
+        entries = {}
+        for _ in range(size):
+            key = _read_value(stream, types >> 4, depth + 1)
+            if isinstance(key, (list, dict)):
+                raise CorruptPage(f"a Thrift map key of type {type(key).__name__} (page headers have no such map)")
+            entries[key] = _read_value(stream, types & 0x0F, depth + 1)
+        return entries
     if kind == 12:
-        return read_struct(stream)
+        return read_struct(stream, depth + 1)
     raise CorruptPage(f"Thrift type {kind} is not a compact-protocol type (1..12)")
+
+
+def _struct_field(struct: dict[int, Any], field: int, what: str) -> dict[int, Any]:
+    """Field ``field`` of a Thrift struct that is itself a struct (absent: ``{}``); ``CorruptPage`` otherwise.
+
+    Example: ``_struct_field({5: {1: 3}}, 5, "the data page header")`` -> ``{1: 3}``; ``({5: 7}, 5, ...)`` raises.
+    """
+    value = struct.get(field, {})
+    if not isinstance(value, dict):
+        raise CorruptPage(f"{what} (Thrift field {field}) is a {type(value).__name__}, not a struct")
+    return value
+
+
+def _int_field(struct: dict[int, Any], field: int, what: str, default: int, *, limit: int | None = None) -> int:
+    """Field ``field`` of a Thrift struct that is an integer (absent: ``default``), from 0 to ``limit``
+    when one is given (a size or a count); ``CorruptPage`` otherwise.
+
+    Example: ``_int_field({3: 100}, 3, "the page size", 0, limit=4096)`` -> 100; ``{3: -1}`` or
+    ``{3: b"x"}`` raises.
+    """
+    value = struct.get(field, default)
+    if type(value) is not int or (limit is not None and not 0 <= value <= limit):
+        bound = "an integer" if limit is None else f"an integer from 0 to {limit}"
+        raise CorruptPage(f"{what} (Thrift field {field}) is {value!r:.40}, not {bound}")
+    return value
 
 
 def hybrid_values(stream: _Stream, bit_width: int, count: int) -> Iterator[int]:
@@ -201,7 +244,7 @@ def hybrid_values(stream: _Stream, bit_width: int, count: int) -> Iterator[int]:
     while count > 0:
         header = stream.varint()
         if header & 1:
-            for _ in range(header >> 1):
+            for _ in range(min(header >> 1, (count + 7) // 8)):  # groups past the count are padding
                 group = int.from_bytes(stream.read(bit_width), "little")
                 for i in range(min(8, count)):
                     yield (group >> (i * bit_width)) & mask
@@ -311,41 +354,61 @@ class LeafColumn:
     item_level: int
     rows: int
     utf8: bool
+    #: Values (levels) in the chunk, nulls included: no page of it holds more.
+    values: int
 
     def where(self) -> str:
         """Example: ``"t.parquet, column 'images.list.element.bytes', row group 1"``."""
         return f"{self.path.name}, column {self.leaf!r}, row group {self.row_group}"
 
 
-def leaf_column(path: Path, row_group: int, leaf: str) -> LeafColumn:
+def leaf_column(path: Path, row_group: int, leaf: str, parquet: Any = None) -> LeafColumn:
     """The ``LeafColumn`` of ``leaf`` (a dotted ``path_in_schema``, e.g. ``images.list.element.bytes``)
-    in ``row_group`` of the Parquet file ``path``, from its metadata (pyarrow);
-    ``UnsupportedPage`` for a codec, type or nesting this reader does not read.
+    in ``row_group`` of the Parquet file ``path``, from its metadata (pyarrow: ``parquet``, the
+    file's open ``ParquetFile`` when the caller has one, so that its footer is parsed once per file,
+    else opened here); ``UnsupportedPage`` for a codec, type or nesting this reader does not read,
+    ``CorruptPage`` for a footer that does not parse or places the chunk outside the file.
 
     Example: a ``video: binary`` column written by pyarrow (snappy) -> ``LeafColumn(leaf="video",
     codec="SNAPPY", max_def=1, max_rep=0, row_level=item_level=1, ...)``; the same with zstd ->
     ``UnsupportedPage``.
     """
+    file_size = path.stat().st_size  # a missing or unreadable file is the OSError it is
+    try:
+        return _leaf_column(path, row_group, leaf, parquet, file_size)
+    except (OSError, ValueError) as err:  # pyarrow's: "Couldn't deserialize thrift", ArrowInvalid, a bad name
+        raise CorruptPage(f"{path.name}: its footer does not read ({str(err).strip()}); fix: rewrite the file "
+                          "(e.g. pyarrow.parquet.write_table), or skip its rows") from None
+
+
+def _leaf_column(path: Path, row_group: int, leaf: str, parquet: Any, file_size: int) -> LeafColumn:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(path)
+    parquet = pq.ParquetFile(path) if parquet is None else parquet
     group = parquet.metadata.row_group(row_group)
     index = next((i for i in range(group.num_columns) if group.column(i).path_in_schema == leaf), None)
     if index is None:
         raise KeyError(f"{leaf!r} is not a leaf column of {str(path)!r}")
     chunk, schema = group.column(index), parquet.schema.column(index)
-    top = parquet.schema_arrow.field(leaf.split(".")[0])
+    try:
+        top = parquet.schema_arrow.field(leaf.split(".")[0])
+    except KeyError:
+        raise CorruptPage(f"{path.name}: its footer's Arrow schema has no column {leaf.split('.')[0]!r}, its "
+                          f"Parquet schema has the leaf {leaf!r}; fix: rewrite the file") from None
     is_list = pa.types.is_list(top.type) or pa.types.is_large_list(top.type)
     if chunk.compression not in CODECS:
         raise UnsupportedPage(f"codec {chunk.compression} (streamed: {', '.join(CODECS)})")
     if chunk.physical_type != "BYTE_ARRAY" or schema.max_repetition_level > 1 or (schema.max_repetition_level == 1) != is_list:
         raise UnsupportedPage(f"a {chunk.physical_type} leaf at repetition level {schema.max_repetition_level} of a {top.type} column")
-    start = min(filter(None, (chunk.dictionary_page_offset, chunk.data_page_offset)))  # some writers put 0 for "none"
+    start = min(filter(None, (chunk.dictionary_page_offset, chunk.data_page_offset)), default=0)  # some writers put 0 for "none"
+    if not 4 <= start <= start + chunk.total_compressed_size <= file_size or chunk.num_values < 0:
+        raise CorruptPage(f"{path.name}, column {leaf!r}, row group {row_group}: the footer places its {chunk.num_values} values "
+                          f"at bytes {start}..{start + chunk.total_compressed_size} of a file of {file_size}; fix: rewrite the file")
     return LeafColumn(path, row_group, leaf, start, chunk.total_compressed_size, chunk.compression,
                       schema.max_definition_level, schema.max_repetition_level, int(top.nullable),
                       int(top.nullable) + is_list, group.num_rows,
-                      schema.logical_type.type == "STRING" or schema.converted_type == "UTF8")
+                      schema.logical_type.type == "STRING" or schema.converted_type == "UTF8", chunk.num_values)
 
 
 class _Pages:
@@ -378,29 +441,53 @@ class _Pages:
                 header = read_struct(self.raw)
             except EOFError:
                 return
-            kind, size = header.get(1), header.get(3, 0)
-            encoding = {DATA_PAGE: header.get(5, {}).get(2, PLAIN), DATA_PAGE_V2: header.get(8, {}).get(4, PLAIN)}.get(kind)
+            # Every field read is checked for its type and range (the bytes are untrusted): a page
+            # size within the chunk, a value count within the chunk's (levels are held per page).
+            kind = _int_field(header, 1, "the page type", -1)
+            size = _int_field(header, 3, "the page size", 0, limit=column.size)
             if kind == DICTIONARY_PAGE and not self.counting:
-                self._check_encoding(header.get(7, {}).get(2, PLAIN), (PLAIN, PLAIN_DICTIONARY))
-                self.dictionary = self._dictionary(header.get(7, {}).get(1, 0), size)
-            elif kind == DATA_PAGE and not (self.counting and encoding == PLAIN):
-                page = header.get(5, {})
-                body = _Stream(DECOMPRESSORS[column.codec](self.raw.pieces(size)))
-                count = page.get(1, 0)
-                repetition = self._levels(body, column.max_rep, count, page.get(4, RLE), prefixed=True)
-                definition = self._levels(body, column.max_def, count, page.get(3, RLE), prefixed=True)
+                page = _struct_field(header, 7, "the dictionary page header")
+                self._check_encoding(_int_field(page, 2, "the dictionary encoding", PLAIN), (PLAIN, PLAIN_DICTIONARY))
+                self.dictionary = self._dictionary(_int_field(page, 1, "the dictionary's entries", 0), size)
+            elif kind in (DATA_PAGE, DATA_PAGE_V2):
+                v2 = kind == DATA_PAGE_V2  # v2: the header at field 8, its encoding at 4; v1: at 5 and 2
+                page = _struct_field(header, 8 if v2 else 5, "the data page header")
+                encoding = _int_field(page, 4 if v2 else 2, "the data page encoding", PLAIN)
+                if self.counting and encoding == PLAIN:
+                    self._skip(size)
+                    continue
+                count = _int_field(page, 1, "the page's value count", 0, limit=column.values)
+                body, repetition, definition = (self._v2_levels if v2 else self._v1_levels)(page, size, count)
                 yield from self._page(body, encoding, repetition, definition)
-            elif kind == DATA_PAGE_V2 and not (self.counting and encoding == PLAIN):
-                page = header.get(8, {})
-                count, repetition_size, definition_size = page.get(1, 0), page.get(6, 0), page.get(5, 0)
-                repetition = self._levels(_Stream(iter([self.raw.read(repetition_size)])), column.max_rep, count, RLE)
-                definition = self._levels(_Stream(iter([self.raw.read(definition_size)])), column.max_def, count, RLE)
-                values = self.raw.pieces(size - repetition_size - definition_size)
-                body = _Stream(DECOMPRESSORS[column.codec](values) if page.get(7, True) else values)
-                yield from self._page(body, encoding, repetition, definition)
-            else:  # an index page, one of a later format, or a page the counting pass skips
-                for _ in self.raw.pieces(size):
-                    pass
+            else:  # an index page, one of a later format, or a dictionary page the counting pass skips
+                self._skip(size)
+
+    def _v1_levels(self, page: dict[int, Any], size: int, count: int) -> tuple[_Stream, list[int], list[int]]:
+        """A v1 data page of ``size`` bytes: its body (decompressed), its repetition and definition
+        levels read from the body's start (each prefixed with its byte length)."""
+        body = _Stream(DECOMPRESSORS[self.column.codec](self.raw.pieces(size)))
+        rep_encoding = _int_field(page, 4, "the repetition level encoding", RLE)
+        def_encoding = _int_field(page, 3, "the definition level encoding", RLE)
+        repetition = self._levels(body, self.column.max_rep, count, rep_encoding, prefixed=True)
+        return body, repetition, self._levels(body, self.column.max_def, count, def_encoding, prefixed=True)
+
+    def _v2_levels(self, page: dict[int, Any], size: int, count: int) -> tuple[_Stream, list[int], list[int]]:
+        """A v2 data page of ``size`` bytes: its levels first, uncompressed (their sizes in the
+        header), then its values, compressed unless the header says not."""
+        repetition_size = _int_field(page, 6, "the repetition levels' size", 0, limit=size)
+        definition_size = _int_field(page, 5, "the definition levels' size", 0, limit=size - repetition_size)
+        compressed = page.get(7, True)
+        if not isinstance(compressed, bool):
+            raise CorruptPage(f"the data page v2 is_compressed (Thrift field 7) is {compressed!r:.40}, not a bool")
+        repetition = self._levels(_Stream(iter([self.raw.read(repetition_size)])), self.column.max_rep, count, RLE)
+        definition = self._levels(_Stream(iter([self.raw.read(definition_size)])), self.column.max_def, count, RLE)
+        values = self.raw.pieces(size - repetition_size - definition_size)
+        return _Stream(DECOMPRESSORS[self.column.codec](values) if compressed else values), repetition, definition
+
+    def _skip(self, size: int) -> None:
+        """Read past the next ``size`` bytes of the chunk (a page body this pass does not decode)."""
+        for _ in self.raw.pieces(size):
+            pass
 
     def _dictionary(self, entries: int, size: int) -> _Dictionary:
         """The dictionary page whose ``size`` bytes of body come next: its uses counted over the
@@ -411,8 +498,7 @@ class _Pages:
         for _, definition in counting.levels():
             if definition == self.column.max_def:
                 counting.value()
-        for _ in self.raw.pieces(size):
-            pass
+        self._skip(size)
         stream = _Stream(DECOMPRESSORS[self.column.codec](_file_pieces(self.opened(body_start), size)))
         return _Dictionary(stream, entries, self.column.utf8, uses.uses)
 
@@ -433,7 +519,10 @@ class _Pages:
             if self.dictionary is None:
                 raise CorruptPage("a dictionary-encoded data page without a dictionary page before it")
             entry = self.dictionary.entry
-            self._values = (entry(i) for i in hybrid_values(body, body.byte() if present else 0, present))
+            bit_width = body.byte() if present else 0
+            if bit_width > 32:
+                raise CorruptPage(f"dictionary indices of {bit_width} bits (at most 32)")
+            self._values = (entry(i) for i in hybrid_values(body, bit_width, present))
         yield from zip(repetition, definition)
         body.drain()
 
@@ -444,7 +533,10 @@ class _Pages:
         self._check_encoding(encoding, (RLE,))
         if prefixed:
             stream = _Stream(iter([stream.read(int.from_bytes(stream.read(4), "little"))]))
-        return list(hybrid_values(stream, max_level.bit_length(), count))
+        levels = list(hybrid_values(stream, max_level.bit_length(), count))
+        if levels and max(levels) > max_level:
+            raise CorruptPage(f"a level of {max(levels)} in a column whose levels go up to {max_level}")
+        return levels
 
     def _check_encoding(self, encoding: int, supported: tuple[int, ...]) -> None:
         if encoding not in supported:
@@ -501,7 +593,7 @@ def _plain(body: _Stream, utf8: bool) -> Any:
     return value.decode("utf-8") if utf8 else value
 
 
-def leaf_items(path: Path, row_group: int, leaf: str) -> Iterator[list[Any] | None]:
+def leaf_items(path: Path, row_group: int, leaf: str, *, parquet: Any = None) -> Iterator[list[Any] | None]:
     """Each row's items of one leaf column: None when the row's top-level value (its list, or its
     struct or value) is null, else the list of its items, each the leaf's value or None (a null
     item, or a null field of a present struct). A row is yielded before the next row's first value
@@ -510,9 +602,9 @@ def leaf_items(path: Path, row_group: int, leaf: str) -> Iterator[list[Any] | No
     Example: ``images: list<struct<bytes, path>>`` with rows ``[{"bytes": b"a"}, None]``, ``None``,
     ``[]``; leaf ``images.list.element.bytes`` -> ``[b"a", None]``, ``None``, ``[]``. A top-level
     ``image: struct<bytes, path>`` with rows ``{"bytes": b"a"}``, ``None``, ``{"bytes": None}`` ->
-    ``[b"a"]``, ``None``, ``[None]``.
+    ``[b"a"]``, ``None``, ``[None]``. ``parquet``: the file's open ``ParquetFile``, as for `leaf_column`.
     """
-    column = leaf_column(path, row_group, leaf)
+    column = leaf_column(path, row_group, leaf, parquet)
     rows = 0
     try:
         with ExitStack() as files:
@@ -541,14 +633,3 @@ def leaf_items(path: Path, row_group: int, leaf: str) -> Iterator[list[Any] | No
     if rows != column.rows:
         raise CorruptPage(f"{column.where()} holds {rows} rows, its metadata says {column.rows}; "
                           "fix: rewrite the file (e.g. pyarrow.parquet.write_table)")
-
-
-def leaf_rows(path: Path, row_group: int, leaf: str) -> Iterator[Any]:
-    """Each row's value of one leaf as ``pyarrow`` gives it (``to_pylist()`` of the leaf's array):
-    for a list column ``leaf_items``'s rows, for another the value or None.
-
-    Example: a ``video: binary`` column with rows ``b"v"``, ``None`` -> ``b"v"``, ``None``.
-    """
-    is_list = leaf_column(path, row_group, leaf).max_rep == 1
-    # map, not a loop: no row is held here while the next one is read
-    return map(lambda items: items if is_list or items is None else items[0], leaf_items(path, row_group, leaf))

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import count, islice, repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from energon_pack.data.parquet_pages import CorruptPage, UnsupportedPage, leaf_items
 from energon_pack.errors import BadSampleError, UsageError
@@ -240,11 +240,12 @@ def _media_leaves(parquet: Any, column: str) -> tuple[str | None, str | None]:
     return (None, own[0]) if pa.types.is_string(item) or pa.types.is_large_string(item) else (own[0], None)
 
 
-def _streamed_rows(path: Path, group: int, media: dict[str, str]) -> Iterator[RowMedia]:
-    """Each row's media of row group ``group`` of the Parquet file ``path``, its leaves streamed
-    value by value (``parquet_pages``): memory holds a row's media, not the group's page."""
-    parquet = TableInput._open(path)
-    columns = {kind: [None if leaf is None else leaf_items(path, group, leaf) for leaf in _media_leaves(parquet, column)]
+def _streamed_rows(path: Path, parquet: Any, group: int, media: dict[str, str]) -> Iterator[RowMedia]:
+    """Each row's media of row group ``group`` of the Parquet file ``path`` (``parquet``: its open
+    ``ParquetFile``, footer parsed once per file), its leaves streamed value by value
+    (``parquet_pages``): memory holds a row's media, not the group's page."""
+    columns = {kind: [None if leaf is None else leaf_items(path, group, leaf, parquet=parquet)
+                      for leaf in _media_leaves(parquet, column)]
                for kind, column in media.items()}
     yield from (_next_row(columns) for _ in range(parquet.metadata.row_group(group).num_rows))
 
@@ -267,6 +268,19 @@ class _Layout:
 
     conversation: str
     media: dict[str, str | None]  # kind -> column
+
+
+class _RowGroup(NamedTuple):
+    """One row group of a Parquet file (``parquet``: the open ``ParquetFile``) or record batch of an
+    Arrow file (``parquet`` None): its ``index`` in the file, first row (1-based over all files),
+    rows, and a reader of its record batches."""
+
+    path: Path
+    parquet: Any
+    index: int
+    first: int
+    rows: int
+    batches: Callable[[], Iterator[Any]]
 
 
 class TableInput:
@@ -331,40 +345,46 @@ class TableInput:
         keep = [leaf for leaf in leaves if leaf.split(".")[0] not in media or not leaf.endswith(".bytes")]
         return keep if {leaf.split(".")[0] for leaf in keep} == {leaf.split(".")[0] for leaf in leaves} else None
 
-    def _wanted_groups(self, columns: Callable[[Path], list[str] | None], wanted: Callable[[int, int], bool]) -> Iterator[tuple[Path, int, int, int, Callable[[], Iterator[Any]]]]:
-        """``(file, group index, first row, rows, reader of its batches)`` of every row group whose
-        rows ``[first, first + rows)`` are ``wanted``; pyarrow's pool is handed back after each."""
+    def _wanted_groups(self, columns: Callable[[Path], list[str] | None], wanted: Callable[[int, int], bool]) -> Iterator[_RowGroup]:
+        """Every row group whose rows ``[first, first + rows)`` are ``wanted``; pyarrow's pool is
+        handed back after each."""
         first = 1
         for path in self.files:
-            for group, rows, batches in self._groups(path, columns(path)):
-                if wanted(first, rows):
-                    yield path, group, first, rows, batches
+            for group in self._groups(path, columns(path), first):
+                if wanted(group.first, group.rows):
+                    yield group
                     _release_unused()
-                first += rows
+                first = group.first + group.rows
 
     def _batches(self, columns: Callable[[Path], list[str] | None]) -> Iterator[tuple[int, int, Any]]:
         """``(first row, rows, record batch or BadSampleError)`` over every row group; a group that
         fails to read gives one error for its rest."""
-        for path, _, first, rows, batches in self._wanted_groups(columns, lambda first, rows: True):
+        for group in self._wanted_groups(columns, lambda first, rows: True):
             done = 0
             try:
-                for batch in batches():
-                    yield first + done, batch.num_rows, batch
+                for batch in group.batches():
+                    yield group.first + done, batch.num_rows, batch
                     done += batch.num_rows
             except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid / ArrowIOError
-                if done < rows:
-                    yield first + done, rows - done, _unreadable(path, first + done, first + rows - 1, err)
+                if done < group.rows:
+                    last = group.first + group.rows - 1
+                    yield group.first + done, group.rows - done, _unreadable(group.path, group.first + done, last, err)
 
-    def _groups(self, path: Path, columns: list[str] | None) -> Iterator[tuple[int, int, Callable[[], Iterator[Any]]]]:
-        """Each row group (Parquet) or record batch (Arrow) of ``path``: its index, rows and a reader of its batches."""
+    def _groups(self, path: Path, columns: list[str] | None, first: int) -> Iterator[_RowGroup]:
+        """Each row group (Parquet, its footer parsed once for all) or record batch (Arrow) of
+        ``path``, its first row ``first`` on."""
         if path.suffix != ".parquet":
             for index, batch in enumerate(_open_arrow(path)):
-                yield index, batch.num_rows, lambda batch=batch: iter([batch if columns is None else batch.select(columns)])  # top-level names
+                yield _RowGroup(path, None, index, first, batch.num_rows,
+                                lambda batch=batch: iter([batch if columns is None else batch.select(columns)]))  # top-level names
+                first += batch.num_rows
             return
         parquet = self._open(path)
-        for group in range(parquet.num_row_groups):
-            yield group, parquet.metadata.row_group(group).num_rows, lambda group=group: parquet.iter_batches(
-                batch_size=BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False)
+        for index in range(parquet.num_row_groups):
+            rows = parquet.metadata.row_group(index).num_rows
+            yield _RowGroup(path, parquet, index, first, rows, lambda index=index: parquet.iter_batches(
+                batch_size=BATCH_ROWS, row_groups=[index], columns=columns, use_threads=False))
+            first += rows
 
     def records(self) -> Iterator[tuple[int, Any]]:
         """``(row, record)`` of every row (1-based over all files): the JSON reader's record form;
@@ -425,11 +445,12 @@ class TableInput:
         """``(row, its media or why they do not read)`` of every row of the groups ``wanted``: a
         Parquet group's media leaves streamed (``parquet_pages``); an Arrow batch, or the rest of a
         group from a page the stream does not read (``UnsupportedPage``), read by pyarrow."""
-        for path, group, first, rows, batches in self._wanted_groups(lambda path: list(media.values()), wanted):
+        for group in self._wanted_groups(lambda path: list(media.values()), wanted):
+            path, first, rows, batches = group.path, group.first, group.rows, group.batches
             done = _Tally(iter(()))
             try:
-                if path.suffix == ".parquet":
-                    done.items = _streamed_rows(path, group, media)
+                if group.parquet is not None:
+                    done.items = _streamed_rows(path, group.parquet, group.index, media)
                     try:
                         yield from zip(count(first), done)
                         continue

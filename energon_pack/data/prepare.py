@@ -677,9 +677,14 @@ class MediaChecks:
 @dataclass
 class BuiltSample:
     """A placed record read and checked: its WebDataset sample and facts, or the ``error`` that
-    skips it; ``media_kinds`` and ``oriented_images`` count as in ``PrepareReport``."""
+    skips it; ``media_kinds`` and ``oriented_images`` count as in ``PrepareReport``; the record's
+    own id (None: generated) and its image and video counts, for the report (the record is
+    unpickled once, here)."""
 
     sample: dict[str, Any] | None
+    record_id: str | None
+    images: int
+    videos: int
     error: BadSampleError | None = None
     media_kinds: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     oriented_images: int = 0
@@ -690,9 +695,10 @@ def build_placed(placed: PlacedRecord, checks: MediaChecks, recorder: Any) -> Bu
     """Read and check the media of ``placed`` and measure its facts (``recorder.sample_facts``); with a
     processor, a record its chat template cannot render is skipped (``recorder.check_renders``)."""
     counted = PrepareReport(out_dir=checks.media_root)
-    if placed.media_error is not None:
-        return BuiltSample(None, error=placed.media_error)
     record = placed.record
+    about = {"record_id": record.id, "images": len(record.images), "videos": len(record.videos)}
+    if placed.media_error is not None:
+        return BuiltSample(None, **about, error=placed.media_error)
     try:
         recorder.check_renders(record)
         sample = build_wds_sample(
@@ -700,8 +706,9 @@ def build_placed(placed: PlacedRecord, checks: MediaChecks, recorder: Any) -> Bu
             max_image_pixels=checks.max_image_pixels, report=counted, embedded=placed.embedded,
         )
     except BadSampleError as err:
-        return BuiltSample(None, error=err)
-    return BuiltSample(sample, None, counted.media_kinds, counted.oriented_images, recorder.sample_facts(sample))
+        return BuiltSample(None, **about, error=err)
+    return BuiltSample(sample, **about, media_kinds=counted.media_kinds, oriented_images=counted.oriented_images,
+                       facts=recorder.sample_facts(sample))
 
 
 #: ``(MediaChecks, FactsRecorder)`` of a worker process (set by ``_start_worker``).
@@ -772,7 +779,7 @@ def _write_shards(
             if isinstance(item, PlacedRecord):
                 result = next(built)
                 if result.error is not None:
-                    item = RecordProblem(item.line, item.record.id, result.error.reason, result.error.detail)
+                    item = RecordProblem(item.line, result.record_id, result.error.reason, result.error.detail)
             if isinstance(item, RecordProblem):
                 if on_error == "fail":
                     raise PrepareError(str(item))
@@ -789,10 +796,9 @@ def _write_shards(
             report.oriented_images += result.oriented_images
             report.split_counts[item.split] = report.split_counts.get(item.split, 0) + 1
             report.written += 1
-            record = item.record
-            report.generated_ids += record.id is None
-            report.images += len(record.images)
-            report.videos += len(record.videos)
+            report.generated_ids += result.record_id is None
+            report.images += result.images
+            report.videos += result.videos
             del result  # its media bytes are written: not held while the next record is read
     finally:
         for _, writer in writers.values():

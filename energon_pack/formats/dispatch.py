@@ -82,40 +82,36 @@ def sample_type_name(config: Mapping[str, Any]) -> str | None:
     return dataset_class_name(block) if isinstance(block, Mapping) else None
 
 
+def shipped_format(name: str, recognises: Callable[[Mapping[str, Any]], bool], reader: type, how_read: str) -> DatasetFormat:
+    """A format of this package, its reader given as the class itself (``reader`` is derived from it).
+
+    Example: ``shipped_format("energon-pack", qwen_chat.is_our_dataset_config, qwen_chat.QwenVLChatWebdataset,
+    qwen_chat.HOW_READ).reader`` -> ``"energon_pack.formats.qwen_chat:QwenVLChatWebdataset"``.
+    """
+    return DatasetFormat(name=name, recognises=recognises, reader=f"{reader.__module__}:{reader.__qualname__}", how_read=how_read)
+
+
 #: Formats shipped with energon_pack, tried in order (after the user's, see :func:`register_format`).
 FORMATS: tuple[DatasetFormat, ...] = (
-    DatasetFormat(
-        name="energon-pack",
-        recognises=qwen_chat.is_our_dataset_config,
-        reader="energon_pack.formats.qwen_chat:QwenVLChatWebdataset",
-        how_read=qwen_chat.HOW_READ,
+    shipped_format("energon-pack", qwen_chat.is_our_dataset_config, qwen_chat.QwenVLChatWebdataset, qwen_chat.HOW_READ),
+    shipped_format(
+        "megatron-bridge-chatml", bridge_chatml.is_bridge_dataset_config, bridge_chatml.BridgeChatMLWebdataset,
+        bridge_chatml.HOW_READ,
     ),
-    DatasetFormat(
-        name="megatron-bridge-chatml",
-        recognises=bridge_chatml.is_bridge_dataset_config,
-        reader="energon_pack.formats.bridge_chatml:BridgeChatMLWebdataset",
-        how_read=bridge_chatml.HOW_READ,
-    ),
-    DatasetFormat(
-        name="energon-sample-type",
-        recognises=energon_webdataset.is_sample_type_config,
-        reader="energon_pack.formats.energon_webdataset:EnergonSampleWebdataset",
-        how_read=energon_webdataset.HOW_READ_SAMPLE_TYPE,
+    shipped_format(
+        "energon-sample-type", energon_webdataset.is_sample_type_config, energon_webdataset.EnergonSampleWebdataset,
+        energon_webdataset.HOW_READ_SAMPLE_TYPE,
     ),
     *(
-        DatasetFormat(
-            name=f"energon-{name}",
-            recognises=functools.partial(energon_webdataset.names_deprecated_class, name),
-            reader=f"energon_pack.formats.energon_webdataset:Deprecated{name}",
-            how_read=energon_webdataset.HOW_READ_SAMPLE_TYPE,
+        shipped_format(
+            f"energon-{name}", functools.partial(energon_webdataset.names_deprecated_class, name),
+            getattr(energon_webdataset, f"Deprecated{name}"), energon_webdataset.HOW_READ_SAMPLE_TYPE,
         )
         for name in energon_webdataset.DEPRECATED_CLASSES
     ),
-    DatasetFormat(
-        name="energon-crude",
-        recognises=energon_webdataset.is_crude_config,
-        reader="energon_pack.formats.energon_webdataset:CookedWebdataset",
-        how_read=energon_webdataset.HOW_READ_CRUDE,
+    shipped_format(
+        "energon-crude", energon_webdataset.is_crude_config, energon_webdataset.CookedWebdataset,
+        energon_webdataset.HOW_READ_CRUDE,
     ),
 )
 _USER_FORMATS: list[DatasetFormat] = []

@@ -26,11 +26,11 @@ from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
 
 from energon_pack.core.energon_fixes import forget_read_tar_members
 from energon_pack.core.samples import QwenVLChatSample
-from energon_pack.errors import BadSampleError
+from energon_pack.errors import BadSampleError, UsageError
 from energon_pack.formats.energon_types import default_conversion
 from energon_pack.formats.parts import decode_parts
 from energon_pack.formats.record import chat_fields, invalid_fields
-from energon_pack.formats.sample_mapping import current_loader_mapping, dataset_mapping, mapping_name
+from energon_pack.formats.sample_mapping import SampleMappingError, current_loader_mapping, dataset_mapping, mapping_name
 
 #: Energon's module, as dataset.yaml files name it.
 ENERGON_MODULE = "megatron.energon"
@@ -142,13 +142,17 @@ class _MappedWebdataset(DefaultGenericWebdatasetFactory[QwenVLChatSample]):
             return QwenVLChatSample(**base, **invalid_fields(BadSampleError("malformed_sample", detail)))
         mapping = self.mapping()
         try:
-            record = mapping(sample)
+            record = self._apply(mapping, sample)
         except BadSampleError as err:
             return QwenVLChatSample(**base, **invalid_fields(err))
         except Exception as err:
             detail = f"sample mapping {mapping_name(mapping)} raised {type(err).__name__}: {err}"
             return QwenVLChatSample(**base, **invalid_fields(BadSampleError("sample_mapping_error", detail)))
         return QwenVLChatSample(**base, **chat_fields(record))
+
+    def _apply(self, mapping: Callable[..., Any], sample: Any) -> Any:
+        """The mapping's record of one sample."""
+        return mapping(sample)
 
 
 class EnergonSampleWebdataset(_MappedWebdataset):
@@ -207,9 +211,53 @@ class CookedWebdataset(_MappedWebdataset):
 
     def __init__(self, path: Any, *, part_filter: Any = None, decoder: Any = None, **kwargs: Any) -> None:
         self._init_reader()
+        #: The metadataset entry's auxiliary datasets by name (``use_aux``), as Energon's file stores.
+        self.aux: dict[str, Any] = {}
+        self._primary: Any = None
         super().__init__(
             path, sample_loader=lambda sample: {}, part_filter=part_filter or (lambda _part: True), **kwargs
         )
+
+    def use_aux(self, aux: Mapping[str, Any]) -> None:
+        """Hand the cooker the metadataset entry's ``aux:`` datasets (Energon's ``FileStore`` objects by
+        name), as Energon's task encoder does: each a keyword argument of the cooker, which reads
+        ``store.get("name.ext", crude)`` (raw bytes: our record form takes the compressed files). A
+        cooker marked ``@cooker(need_primary=True)`` also gets ``primary``, this dataset's own store
+        (a key starting with "." is the current sample's member); ``need_cache`` is refused (no
+        Energon cache pool here; fix: read the aux store directly)."""
+        self.aux = dict(aux)
+
+    def config(self) -> dict[str, Any]:
+        """Energon's, plus the auxiliary datasets' paths when there are any (the resume fingerprint
+        then tells a state saved with other aux datasets)."""
+        config = super().config()
+        if self.aux:
+            config["aux"] = {name: str(store.get_path()) for name, store in sorted(self.aux.items())}
+        return config
+
+    def build(self, worker_rotation_offset: int = 0) -> Any:
+        """Energon's, after checking that the cooker asks for nothing this reader cannot give."""
+        from megatron.energon.task_encoder.cooking import get_cooker_need_cache
+
+        if get_cooker_need_cache(self.mapping()):
+            raise SampleMappingError(
+                f"sample mapping {mapping_name(self.mapping())} of {self.path} is a cooker with need_cache=True; "
+                "energon_pack has no Energon cache pool (its rows are built in the workers from compressed bytes); "
+                "fix: drop need_cache and read the aux datasets' stores directly (store.get(key, crude))"
+            )
+        return super().build(worker_rotation_offset)
+
+    def _apply(self, mapping: Callable[..., Any], sample: Any) -> Any:
+        """The cooker's record of one crude sample, given the aux datasets (and ``primary``) as Energon gives them."""
+        from megatron.energon.cache.base import PrimaryFileStore
+        from megatron.energon.task_encoder.cooking import get_cooker_need_primary
+
+        stores = dict(self.aux)
+        if get_cooker_need_primary(mapping):
+            if self._primary is None:  # opened once per process (it reads the dataset's index)
+                self._primary = self.aux.get("primary") or self.as_file_store()
+            stores["primary"] = PrimaryFileStore(self._primary, current_key=sample["__key__"])
+        return mapping(sample, **stores)
 
     def load_sample(self, sample: Any) -> QwenVLChatSample:
         from megatron.energon import CrudeSample
@@ -218,3 +266,33 @@ class CookedWebdataset(_MappedWebdataset):
             return CrudeSample({**parts, "__subflavors__": self.subflavors})
 
         return self._chat_sample(sample, crude)
+
+
+def give_aux(reader: Any, aux: Mapping[str, Any]) -> None:
+    """Hand a metadataset entry's ``aux:`` datasets (name -> Energon ``FileStore``) to its reader, as
+    Energon hands them to its cookers: only a crude dataset's (`CookedWebdataset.use_aux`);
+    ``UsageError`` naming the dataset, the reason and the fix for any other reader.
+
+    Example: a ``CrudeWebdataset`` entry with ``aux: {photos: ./photos}`` -> its cooker is called
+    ``cook(crude, photos=<store>)``; the same ``aux:`` on a ``CaptioningSample`` dataset -> UsageError.
+    """
+    if not isinstance(reader, CookedWebdataset):
+        raise UsageError(
+            f"dataset {str(reader.path)!r} has aux: datasets ({', '.join(sorted(aux))}), which Energon gives to cookers, "
+            f"so only to a crude dataset (CrudeWebdataset); it is read as {type(reader).__name__}; fix: remove aux: "
+            "from its metadataset entry, or prepare it as a CrudeWebdataset whose cooker (sample_mapping) reads them"
+        )
+    reader.use_aux(aux)
+
+
+class AuxLoading:
+    """A task-encoder mixin (before Energon's ``TaskEncoder`` in the bases): a crude dataset's
+    ``aux:`` datasets go to its reader (`give_aux`), whose cooker call gets them as Energon's does;
+    our readers cook while reading, so Energon's own cooking step (which refuses aux on a reader
+    whose samples are not ``CrudeSample``) is not used. Other datasets load as Energon loads them."""
+
+    def _load_dataset(self, dataset: Any, worker_rotation_offset: int, worker_config: Any) -> Any:
+        if dataset.aux:
+            give_aux(dataset.dataset, dataset.aux)
+            return dataset.dataset.build(worker_rotation_offset=worker_rotation_offset)
+        return super()._load_dataset(dataset, worker_rotation_offset, worker_config)  # type: ignore[misc]

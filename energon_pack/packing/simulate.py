@@ -21,8 +21,9 @@ import numpy as np
 
 from energon_pack.core.alignment import aligned_length
 from energon_pack.packing.algorithms import PackItem, RoundSize, RowBudget, first_fit_decreasing
-from energon_pack.packing.balance import BalancedStream, balance_rows, step_imbalance, synthetic_grids
+from energon_pack.packing.balance import BalancedStream, StepStats, balance_rows, step_imbalance, synthetic_grids
 from energon_pack.packing.global_plan import plan_rows
+from energon_pack.packing.online_balance import balanced_window_rows, order_window, window_levels
 from energon_pack.packing.planner import PlannedRound, RoundPlanner
 from energon_pack.core.tables import format_table as format_text_table
 from energon_pack.rows.flops import CostModel
@@ -491,17 +492,24 @@ def step_balance_table(
     micro_batches: Sequence[int],
     pad_multiple: int = 64,
     min_fill: float,
+    max_wait_rounds: int = 4,
     max_segments: int | None = 64,
     window_steps: int = 16,
+    window_rows: int = 256,
+    workers: int = 2,
     min_steps: int = 40,
     seed: int = 0,
 ) -> list[dict[str, float | int]]:
     """Step imbalance (slowest rank / mean rank cost, mean and p99 over whole steps) per (DP,
     micro-batches): today's dealing (plain plan rows, rank = position % dp) against the balanced
-    plan (cost-balanced rows, cost windows of ``window_steps`` steps, LPT dealing). Row costs are
-    ``cost_model`` FLOPs; samples without grids get :func:`synthetic_grids`. The stream repeats
-    epochs until it holds ``min_steps`` steps. Keys: ``dp, micro, steps, today_mean, today_p99,
-    balanced_mean, balanced_p99`` (plus ``rows``, ``lower_bound``, ``cv_plain``, ``cv_balanced``).
+    plan (cost-balanced rows, cost windows of ``window_steps`` steps, LPT dealing), and the online
+    loader's rows as they are today against online balanced rows (:func:`online_rank_costs`:
+    ``workers`` per rank, windows of ``window_rows`` rows per worker). Row costs are
+    ``cost_model`` FLOPs; samples without grids get :func:`synthetic_grids`. The plan stream
+    repeats epochs until it holds ``min_steps`` steps. Keys: ``dp, micro, steps, today_mean,
+    today_p99, balanced_mean, balanced_p99, online_steps, online_mean, online_p99,
+    online_balanced_mean, online_balanced_p99, online_fill`` (plus ``rows``, ``lower_bound``,
+    ``cv_plain``, ``cv_balanced``, ``cv_online``).
     """
     kept = [s for s in samples if aligned_length(s.tokens, pad_multiple) <= width]
     lengths = [aligned_length(s.tokens, pad_multiple) for s in kept]
@@ -514,6 +522,8 @@ def step_balance_table(
     balanced = balance_rows(plain, lengths, costs, budget, **limits)
     constant = cost_model.constant(width)
     plain_costs, balanced_costs = (np.array([constant + costs[r].sum() for r in rows]) for rows in (plain, balanced))
+    online = OnlineRows(kept, costs, constant=constant, budget=budget, pad_multiple=pad_multiple,
+                        min_fill=min_fill, max_wait_rounds=max_wait_rounds)
     table = []
     for dp in dps:
         for micro in micro_batches:
@@ -523,11 +533,114 @@ def step_balance_table(
             stream = BalancedStream(balanced_costs, seed=seed, step_rows=g, window_steps=window_steps, repeat=True)
             today = step_imbalance(plain_costs[[today_stream.plain_row(p) for p in positions]], dp, micro, balanced=False)
             ours = step_imbalance(balanced_costs[[stream.plan_row(p) for p in positions]], dp, micro, balanced=True)
+            rows = balanced_window_rows(window_rows, num_workers=workers, micro_batches=micro)
+            steps = max(min_steps, 4 * rows * workers // micro)  # at least four windows
+            online_today = online.rank_costs(dp=dp, workers=workers, micro_batches=micro, steps=steps, window_rows=None, seed=seed)
+            online_ours = online.rank_costs(dp=dp, workers=workers, micro_batches=micro, steps=steps, window_rows=rows, seed=seed)
+            online_today_stats, online_stats = (rank_step_imbalance(c, micro) for c in (online_today, online_ours))
             table.append({
                 "dp": dp, "micro": micro, "steps": today.steps, "today_mean": today.mean, "today_p99": today.p99,
                 "balanced_mean": ours.mean, "balanced_p99": ours.p99, "rows": len(balanced),
+                "online_steps": online_stats.steps, "online_mean": online_today_stats.mean,
+                "online_p99": online_today_stats.p99, "online_balanced_mean": online_stats.mean,
+                "online_balanced_p99": online_stats.p99, "online_fill": online.fill(width),
                 "lower_bound": -(-sum(lengths) // width),
                 "cv_plain": float(plain_costs.std() / plain_costs.mean()),
                 "cv_balanced": float(balanced_costs.std() / balanced_costs.mean()),
+                "cv_online": float(np.std(online_today) / np.mean(online_today)),
             })
     return table
+
+
+def rank_step_imbalance(rank_costs: np.ndarray, micro_batches: int) -> StepStats:
+    """Imbalance of each whole step of ``rank_costs`` ([dp, rows]: each rank's row costs in the
+    order it reads them; a step is each rank's next ``micro_batches`` rows).
+
+    Example: [[3, 1], [2, 2]] with 1 micro-batch -> steps 3 vs 2 (1.2) and 1 vs 2 (1.333).
+    """
+    dp, rows = rank_costs.shape
+    steps = rows // micro_batches
+    if steps == 0:
+        raise ValueError(f"{rows} rows per rank hold no whole step of {micro_batches} micro-batches")
+    load = rank_costs[:, : steps * micro_batches].reshape(dp, steps, micro_batches).sum(axis=2)
+    values = load.max(axis=0) / load.mean(axis=0)
+    return StepStats(steps=steps, mean=float(values.mean()), p99=float(np.percentile(values, 99)), max=float(values.max()))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Shard:
+    """One worker's rows (planning order) with their costs, and the samples they hold."""
+
+    costs: np.ndarray
+    tokens: int
+
+
+class OnlineRows:
+    """The online loader's rows on ``dp`` ranks of ``workers`` DataLoader workers each, simulated.
+
+    Worker ``w`` of rank ``r`` reads its own draw of the samples (with replacement, seeded by
+    ``(seed, r * workers + w, dp * workers)``): a shard of a large dataset, whose samples come from
+    the same mix on every worker; the packing stage's own round planner (:func:`iter_rounds`)
+    packs them. A row costs ``constant`` + its samples' ``costs``.
+    """
+
+    def __init__(self, samples: Sequence[MixSample], costs: np.ndarray, *, constant: float, budget: RowBudget,
+                 pad_multiple: int, min_fill: float, max_wait_rounds: int) -> None:
+        self.samples = _aligned(list(samples), pad_multiple)
+        self.real_tokens = [s.tokens for s in samples]
+        self.costs = np.asarray(costs, dtype=np.float64)
+        self.constant = constant
+        self.budget = budget
+        self.min_fill = min_fill
+        self.max_wait_rounds = max_wait_rounds
+        self._shards: dict[tuple[int, int, int], _Shard] = {}
+
+    def shard_rows(self, shard: int, shards: int, rows: int, seed: int) -> np.ndarray:
+        """Costs of the first ``rows`` rows of worker shard ``shard`` of ``shards`` (planning order)."""
+        key = (shard, shards, seed)
+        cached = self._shards.get(key)
+        if cached is None or len(cached.costs) < rows:
+            per_row = max(1.0, len(self.samples) * self.budget.tokens / sum(s.tokens for s in self.samples))
+            draw = random.Random(f"energon_pack.simulate:{seed}:{shard}:{shards}")
+            order = draw.choices(range(len(self.samples)), k=math.ceil(1.3 * (rows + 1) * per_row) + 64)
+            costs: list[float] = []
+            tokens = 0
+            for packing_round in iter_rounds([self.samples[i] for i in order], self.budget,
+                                             round_size=RoundSize(tokens=2 * self.budget.tokens),
+                                             min_fill=self.min_fill, max_wait_rounds=self.max_wait_rounds):
+                for row in packing_round.rows:
+                    members_of_row = [order[item.index] for item in row]
+                    costs.append(self.constant + float(self.costs[members_of_row].sum()))
+                    tokens += sum(self.real_tokens[i] for i in members_of_row)
+                if len(costs) > rows:
+                    break
+            if len(costs) < rows:
+                raise ValueError(f"worker shard {shard} of {shards} packed {len(costs)} rows, fewer than {rows}")
+            cached = self._shards[key] = _Shard(costs=np.array(costs), tokens=tokens)
+        return cached.costs[:rows]
+
+    def rank_costs(self, *, dp: int, workers: int, micro_batches: int, steps: int, window_rows: int | None,
+                   seed: int) -> np.ndarray:
+        """Row costs [dp, steps * micro_batches] in each rank's reading order: its workers' rows
+        in turn; each worker's rows in planning order (``window_rows`` None: today) or laid out
+        in windows by :func:`window_levels` / :func:`order_window` (online balanced rows)."""
+        per_worker = -(-steps * micro_batches // workers)
+        out = np.empty((dp, per_worker * workers))
+        for rank in range(dp):
+            for worker in range(workers):
+                costs = self.shard_rows(rank * workers + worker, dp * workers, per_worker + (window_rows or 0), seed)
+                if window_rows is not None:
+                    emitted = []
+                    for window in range(-(-per_worker // window_rows)):
+                        chunk = costs[window * window_rows : (window + 1) * window_rows]
+                        levels = window_levels(len(chunk), window=window, worker=worker, num_workers=workers,
+                                               micro_batches=micro_batches, seed=seed)
+                        emitted.extend(chunk[order_window(chunk.tolist(), levels)])
+                    costs = np.array(emitted)
+                out[rank, worker::workers] = costs[:per_worker]
+        return out[:, : steps * micro_batches]
+
+    def fill(self, width: int) -> float:
+        """Real tokens / (rows * ``width``) over every row simulated so far (nan before any)."""
+        rows = sum(len(s.costs) for s in self._shards.values())
+        return sum(s.tokens for s in self._shards.values()) / (rows * width) if rows else math.nan

@@ -43,7 +43,6 @@ import torch
 from energon_pack.config import PackingConfig
 from energon_pack.identity import (
     check_plan_fingerprint,
-    check_resume_fingerprint,
     encoder_fingerprint,
     plan_fingerprint,
     plan_loader_fingerprint,
@@ -54,7 +53,7 @@ from energon_pack.packing.global_plan import epoch_row_order, first_rank_positio
 from energon_pack.plan.build import dataset_fingerprint, open_split
 from energon_pack.plan.file import MappedPlan, PackPlan, open_plan
 from energon_pack.packing.planner import is_count
-from energon_pack.runtime.state_check import raise_if_state_problems
+from energon_pack.runtime.state_check import check_restored_type, raise_if_state_problems
 from energon_pack.runtime.stats import PackingStats, aggregate_stats
 
 __all__ = ["PlanDataLoader", "PlanLoaderState", "check_plan_matches", "plan_data_loader", "plan_state_problems"]
@@ -402,13 +401,10 @@ class PlanDataLoader:
             return
         if self._iterating:
             raise RuntimeError("cannot restore a plan loader while it is being iterated")
-        if not isinstance(state, PlanLoaderState):
-            raise TypeError(
-                f"restore_state_rank got {type(state).__name__}; pass the object returned by "
-                "PlanDataLoader.save_state_rank() (a state of the online loader cannot seed a plan loader)"
-            )
-        if isinstance(state.fingerprint, Mapping):  # else plan_state_problems names it
-            check_resume_fingerprint(state.fingerprint, self.fingerprint, allow_inexact=self.allow_inexact_resume)
+        check_restored_type(  # a fingerprint that is no mapping: plan_state_problems names it
+            state, PlanLoaderState, loader_name="PlanDataLoader", current_fingerprint=self.fingerprint,
+            allow_inexact=self.allow_inexact_resume, note=" (a state of the online loader cannot seed a plan loader)",
+        )
         raise_if_state_problems(
             plan_state_problems(state, num_rows=self.plan.num_rows, repeat=self.repeat), saved_by="PlanDataLoader"
         )

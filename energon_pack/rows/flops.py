@@ -72,8 +72,35 @@ FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoESpec:
+    """The routed MLP of an MoE LLM: ``num_experts`` experts of width ``intermediate_size``, of which
+    ``experts_per_token`` run per token, plus an always-on shared expert of width
+    ``shared_intermediate_size`` (Qwen2-MoE style; 0 = none, as in Qwen3-VL-MoE), on the layers
+    ``layers`` (indices; the other layers' MLP is dense)."""
+
+    num_experts: int
+    experts_per_token: int
+    intermediate_size: int
+    shared_intermediate_size: int = 0
+    layers: tuple[int, ...] = ()
+
+    def mlp_flops(self, hidden_size: int) -> int:
+        """Forward FLOPs per token of one MoE layer's MLP: router ``2*h*E`` + active experts
+        ``k*6*h*I`` + shared expert ``6*h*I_shared``.
+
+        Example: ``MoESpec(num_experts=8, experts_per_token=2, intermediate_size=32).mlp_flops(64)``
+        -> 2*64*8 + 2*6*64*32 = 25_600.
+        """
+        return (
+            2 * hidden_size * self.num_experts
+            + self.experts_per_token * 6 * hidden_size * self.intermediate_size
+            + 6 * hidden_size * self.shared_intermediate_size
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class TextSpec:
-    """LLM sizes. ``moe_layers``: indices of layers whose MLP is a routed MoE (the others dense)."""
+    """LLM sizes; ``moe``: the routed MLP of an MoE model (None: every layer's MLP is dense)."""
 
     hidden_size: int
     intermediate_size: int
@@ -82,12 +109,7 @@ class TextSpec:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
-    num_experts: int = 0
-    experts_per_token: int = 0
-    moe_intermediate_size: int = 0
-    #: Always-on shared expert MLP width (Qwen2-MoE style; 0 = none, as in Qwen3-VL-MoE).
-    shared_expert_intermediate_size: int = 0
-    moe_layers: tuple[int, ...] = ()
+    moe: MoESpec | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,11 +280,13 @@ def _text_spec(t: Mapping[str, Any]) -> TextSpec:
         num_kv_heads=int(t.get("num_key_value_heads") or heads),
         head_dim=int(t.get("head_dim") or hidden // heads),
         vocab_size=int(t["vocab_size"]),
-        num_experts=experts,
-        experts_per_token=int(t.get("num_experts_per_tok") or 0),
-        moe_intermediate_size=int(t.get("moe_intermediate_size") or 0),
-        shared_expert_intermediate_size=int(t.get("shared_expert_intermediate_size") or 0),
-        moe_layers=moe_layers,
+        moe=MoESpec(
+            num_experts=experts,
+            experts_per_token=int(t.get("num_experts_per_tok") or 0),
+            intermediate_size=int(t.get("moe_intermediate_size") or 0),
+            shared_intermediate_size=int(t.get("shared_expert_intermediate_size") or 0),
+            layers=moe_layers,
+        ) if experts > 0 else None,
     )
 
 
@@ -307,12 +331,9 @@ def token_flops(spec: ModelSpec, *, training: bool = True) -> int:
     q, kv = t.num_heads * t.head_dim, t.num_kv_heads * t.head_dim
     attention = 2 * t.hidden_size * (q + 2 * kv) + 2 * q * t.hidden_size
     dense = 6 * t.hidden_size * t.intermediate_size
-    moe = (
-        2 * t.hidden_size * t.num_experts
-        + t.experts_per_token * 6 * t.hidden_size * t.moe_intermediate_size
-        + 6 * t.hidden_size * t.shared_expert_intermediate_size
-    )
-    layers = sum(attention + (moe if i in t.moe_layers else dense) for i in range(t.num_layers))
+    moe_layers = t.moe.layers if t.moe is not None else ()
+    moe = t.moe.mlp_flops(t.hidden_size) if t.moe is not None else 0
+    layers = sum(attention + (moe if i in moe_layers else dense) for i in range(t.num_layers))
     return _train_factor(training) * (layers + 2 * t.hidden_size * t.vocab_size)
 
 

@@ -28,6 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from megatron.energon.flavors.base_dataset import (
@@ -47,6 +48,7 @@ from energon_pack.core.alignment import aligned_length
 from energon_pack.config import PackingPolicy, RowLayout
 from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.errors import BadSampleError, TooManyBadSamplesError
+from energon_pack.packing.algorithms import PackItem
 from energon_pack.packing.budget import round_size, row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner, is_count, plan_state_problems, planned_indices
 from energon_pack.runtime.blend_stage import ShareBlendDataset, blend_source
@@ -116,6 +118,10 @@ class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
         self._samples[index] = sample
         self._restore_keys[index] = get_sample_restore_key(sample)
 
+    def peek(self, index: int) -> PreparedSample:
+        """The sample of arrival index ``index`` (kept)."""
+        return self._samples[index]
+
     def pop(self, index: int) -> PreparedSample:
         """Remove and return the sample of arrival index ``index``."""
         del self._restore_keys[index]
@@ -144,6 +150,19 @@ class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
         return {"type": type(self).__qualname__, "dataset": self.dataset.config()}
 
 
+@dataclass(frozen=True, kw_only=True)
+class RowSteps:
+    """How the stage turns a selected bin into a row (the task encoder's methods): ``postencode(sample)``
+    each sample, or ``postencode(sample, slot)`` with ``allocate_pixels`` (one pixel slot per sample
+    of a bin, carved from one payload for the whole row); ``pack`` the encoded samples into a
+    ``PackedRow``; ``row_cost(row, width=W)``, the row's cost for the statistics (None: ``row.row_cost``)."""
+
+    postencode: Callable[..., EncodedSample]
+    pack: Callable[[list[EncodedSample]], PackedRow]
+    allocate_pixels: Callable[[list[PreparedSample]], list[Any]] | None = None
+    row_cost: Callable[..., dict[str, int]] | None = None
+
+
 class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     """Packs prepared samples into fixed-width rows, carrying under-filled bins across rounds."""
 
@@ -164,10 +183,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         *,
         row: RowLayout,
         policy: PackingPolicy,
-        postencode: Callable[..., EncodedSample],
-        pack: Callable[[list[EncodedSample]], PackedRow],
-        allocate_pixels: Callable[[list[PreparedSample]], list[Any]] | None = None,
-        row_cost: Callable[..., dict[str, int]] | None = None,
+        steps: RowSteps,
         worker_config: WorkerConfig,
         stats_dir: str | None = None,
         blend: ShareBlendDataset | None = None,
@@ -179,13 +195,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self.policy = policy
         #: What one row may hold: width, segments, vision patches, media.
         self.budget = row_budget(row, policy)
-        #: ``postencode(sample)``, or ``postencode(sample, slot)`` with ``allocate_pixels``.
-        self.postencode = postencode
-        self.pack = pack
-        #: One pixel slot per sample of a bin, carved from one payload for the whole row.
-        self.allocate_pixels = allocate_pixels
-        #: ``row_cost(row, width=W)``: the row's cost for the statistics (default ``row.row_cost``).
-        self.row_cost = row_cost
+        #: Postencode, pixel slots, pack and row cost of a selected bin.
+        self.steps = steps
         #: Folder where each worker publishes its statistics for ``PackingDataLoader.stats()``.
         self.stats_dir = stats_dir
         #: The share blend upstream (``blend_unit`` tokens, a schedule), told where this worker's
@@ -350,8 +361,12 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
             self._stats.max_wait_rounds_seen = max(self._stats.max_wait_rounds_seen, waited)
         self._stats.rounds += 1
 
+    def _next_bin(self) -> list[PackItem] | None:
+        """The next ready bin to emit (the balanced stage, ``runtime/balanced_stage.py``, reorders them)."""
+        return self._planner.take_bin()
+
     def _emit_ready(self) -> Iterator[PackedRow]:
-        while (group := self._planner.take_bin()) is not None:
+        while (group := self._next_bin()) is not None:
             members = [(item, self._samples.pop(item.index)) for item in group]
             encoded, kept = [], []
             slots = self._pixel_slots([sample for _, sample in members])
@@ -374,9 +389,9 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                     blend_source(key), real_tokens=sample.num_tokens, supervised_tokens=sample.supervised_tokens
                 )
             with self._pack_index.ctx() as pack_index:
-                row = self.pack(encoded)
+                row = self.steps.pack(encoded)
             width = row_width([e.segment.length for e in encoded], self.row)
-            cost = row.row_cost if self.row_cost is None else self.row_cost(row, width=width)
+            cost = row.row_cost if self.steps.row_cost is None else self.steps.row_cost(row, width=width)
             self._stats.count_row(cost["real_tokens"], width, len(encoded), flush=self._planner.exhausted, cost=cost)
             row.stats = self._telemetry_snapshot()
             self._publish_stats(row.stats)
@@ -384,10 +399,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
 
     def _pixel_slots(self, group: list[PreparedSample]) -> list[Any]:
         """Each sample's slot in its row's pixel payload (None each without ``allocate_pixels``)."""
-        return [None] * len(group) if self.allocate_pixels is None else self.allocate_pixels(group)
+        return [None] * len(group) if self.steps.allocate_pixels is None else self.steps.allocate_pixels(group)
 
     def _postencode(self, sample: PreparedSample, slot: Any) -> EncodedSample:
-        return self.postencode(sample) if slot is None else self.postencode(sample, slot)
+        return self.steps.postencode(sample) if slot is None else self.steps.postencode(sample, slot)
 
     def _postencode_or_skip(self, sample: PreparedSample, slot: Any = None) -> EncodedSample | None:
         if sample.skip_reason is not None:
@@ -418,7 +433,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         members = [self.dataset.restore_sample(member_key) for member_key in member_keys]
         encoded = [self._postencode(sample, slot) for sample, slot in zip(members, self._pixel_slots(members))]
         with self._pack_index.ctx(pack_index):
-            row = self.pack(encoded)
+            row = self.steps.pack(encoded)
         row.stats = {}
         return set_sample_restore_key(row, pack_index, *member_keys, src=self)
 

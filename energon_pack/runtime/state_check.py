@@ -16,10 +16,14 @@ from megatron.energon.savable_loader import (
     SavableDatasetState,
 )
 
+from energon_pack.identity import check_resume_fingerprint
 from energon_pack.packing.planner import is_count
+from energon_pack.runtime.balanced_stage import BalancedPackingDataset, balanced_state_problems
 from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, packing_state_problems
 
 _STAGE = PendingGroupPackingDataset.__name__
+#: The problems of each packing stage's saved state, by the class name Energon saves it under.
+_STAGE_PROBLEMS = {_STAGE: packing_state_problems, BalancedPackingDataset.__name__: balanced_state_problems}
 
 
 class InvalidLoaderStateError(ValueError):
@@ -29,7 +33,7 @@ class InvalidLoaderStateError(ValueError):
 def _stage_states(tree: Any) -> Iterator[Mapping[str, Any]]:
     """Every saved packing-stage state inside a worker's nested dataset state."""
     if isinstance(tree, Mapping):
-        if tree.get("__class__") == _STAGE:
+        if tree.get("__class__") in _STAGE_PROBLEMS:
             yield tree
         for value in tree.values():
             yield from _stage_states(value)
@@ -60,7 +64,8 @@ def _worker_problems(where: str, worker_state: Any, *, in_workers: bool, packing
             f"{where} holds {len(stages)} {_STAGE} states, this loader has {int(packing_stage)}: the state of "
             "another kind of loader (another packing mode, or not energon_pack)"
         ]
-    return problems + [f"{where} ({_STAGE}): {problem}" for stage in stages for problem in packing_state_problems(stage)]
+    return problems + [f"{where} ({stage['__class__']}): {problem}"
+                       for stage in stages for problem in _STAGE_PROBLEMS[stage["__class__"]](stage)]
 
 
 def energon_state_problems(
@@ -125,3 +130,25 @@ def raise_if_state_problems(problems: list[str], *, saved_by: str) -> None:
             + f"\nfix: restore the unmodified object that {saved_by}.save_state_rank() returned (pickled "
             "as a whole), or an earlier checkpoint; to start afresh on purpose, do not call restore_state_rank"
         )
+
+
+def check_restored_type(
+    state: object, state_type: type, *, loader_name: str, current_fingerprint: Mapping[str, Any],
+    allow_inexact: bool, note: str = "",
+) -> None:
+    """The checks every loader's ``restore_state_rank`` starts with: TypeError unless ``state`` is a
+    ``state_type`` (the object ``<loader_name>.save_state_rank()`` returned; ``note`` adds to the fix),
+    then the saved fingerprint against ``current_fingerprint`` (`check_resume_fingerprint`) when the
+    state carries one as a mapping (a damaged one is left to the loader's own state checks).
+
+    Example: ``check_restored_type({}, PlanLoaderState, loader_name="PlanDataLoader", ...)`` -> TypeError
+    "restore_state_rank got dict; pass the object returned by PlanDataLoader.save_state_rank()".
+    """
+    if not isinstance(state, state_type):
+        raise TypeError(
+            f"restore_state_rank got {type(state).__name__}; pass the object returned by "
+            f"{loader_name}.save_state_rank(){note}"
+        )
+    saved = getattr(state, "fingerprint", None)
+    if isinstance(saved, Mapping):
+        check_resume_fingerprint(saved, current_fingerprint, allow_inexact=allow_inexact)

@@ -29,10 +29,12 @@ from energon_pack.config import PackingConfig
 from energon_pack.rows.encoded import EncodedSample, PackedRow, PreparedSample
 from energon_pack.rows.flops import CostModel, grid_rows
 from energon_pack.errors import BadSampleError
+from energon_pack.formats.energon_webdataset import AuxLoading
 from energon_pack.packing.budget import fits_one_row, row_budget, sample_misfit
 from energon_pack.config.blend import schedule_size_problem, weights_problem
 from energon_pack.runtime.blend_stage import ShareBlendDataset
-from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
+from energon_pack.runtime.balanced_stage import BalancedPackingDataset, online_balance
+from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, RowSteps
 from energon_pack.qwen.encode import PreparedChat, QwenChatEncoder
 from energon_pack.qwen.fit import MediaGeometry
 from energon_pack.qwen.geometry import VisionSpec
@@ -82,7 +84,7 @@ def entry_name(entry: dict[str, Any]) -> str:
     return f"blend entry {entry['index']} ({entry['path']}{subflavors})"
 
 
-class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
+class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, PreparedSample, PackedRow, dict]):
     """Packs Qwen-VL chat samples into fixed-width THD rows (docs/batch_contract.md, docs/state_contract.md).
 
     Energon glue around :class:`QwenChatEncoder` (tokens, grids and pixels of one chat) and the
@@ -294,6 +296,14 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
             cost["flops"] = self.cost_model.row([s.length for s in row.segments], grids, width=width)
         return cost
 
+    def planned_row_flops(self, samples: list[PreparedSample]) -> int:
+        """Modelled FLOPs of the row ``samples`` will make, from their headers (token counts and
+        media grids; nothing decoded): what the balanced stage orders its windows by."""
+        assert self.cost_model is not None, "planned_row_flops needs config.policy.cost_model"
+        lengths = [sample.num_tokens for sample in samples]
+        grids = grid_rows(*(g for s in samples for g in (s.image_grid_thw, s.video_grid_thw)))
+        return self.cost_model.row(lengths, grids, width=row_width(lengths, self.config.row))
+
     def _thd_row(self, row: PackedRow, *, min_width: int = 0) -> dict:
         with timed("row assembly"):
             out = build_layout_row(row.segments, self.config.row, pad_token_id=self.pad_token_id, min_width=min_width)
@@ -446,18 +456,18 @@ class QwenVLPackingTaskEncoder(TaskEncoder[QwenVLChatSample, PreparedSample, Pac
                 drop_last=False,
                 worker_config=worker_config,
             )
-        packed = PendingGroupPackingDataset(
-            dataset,
+        stage: dict[str, Any] = dict(
             row=self.config.row,
             policy=self.config.policy,
-            postencode=self.postencode_sample,
-            allocate_pixels=self.allocate_row_pixels,
-            row_cost=self.row_cost,
-            pack=self.pack_selected_samples,
+            steps=RowSteps(postencode=self.postencode_sample, allocate_pixels=self.allocate_row_pixels,
+                           row_cost=self.row_cost, pack=self.pack_selected_samples),
             worker_config=worker_config,
             stats_dir=self.stats_dir,
             blend=self._share_blend,
         )
+        balance = online_balance(self.config, self.planned_row_flops)
+        packed = (PendingGroupPackingDataset(dataset, **stage) if balance is None
+                  else BalancedPackingDataset(dataset, balance=balance, **stage))
         return BatchDataset(
             packed,
             batch_size=1,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -253,14 +253,33 @@ class RunFigures:
     pixel_bytes: int = 0
     #: Wall seconds of the epoch in the trainer process.
     seconds: float = 0.0
-    #: Seconds per stage, summed over workers (each worker's last reported totals).
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    #: Active wall and CPU seconds of the workers, summed (``stage_times.worker_seconds``).
-    worker_seconds: dict[str, float] = field(default_factory=dict)
+    #: Per worker id, the telemetry its last row carried (``runtime.stats.worker_telemetry``: running totals).
+    last_telemetry: dict[int, Mapping[str, Any]] = field(default_factory=dict)
     #: Peak memory in bytes: USS and RSS of the loader's processes, packing-buffer bytes.
     peak_uss: int = 0
     peak_rss: int = 0
     peak_buffered: int = 0
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds per stage, summed over workers (``stage_times.stage_seconds``)."""
+        return self._summed("stage_seconds")
+
+    @property
+    def worker_seconds(self) -> dict[str, float]:
+        """Active wall and CPU seconds of the workers, summed (``stage_times.worker_seconds``)."""
+        return self._summed("worker_seconds")
+
+    def _summed(self, key: str) -> dict[str, float]:
+        """Per name, the sum over workers of their last ``telemetry[key][name]``.
+
+        Example: workers' last ``{"decode": 2.0}`` and ``{"decode": 1.0, "pack": 0.5}`` -> ``{"decode": 3.0, "pack": 0.5}``.
+        """
+        summed: dict[str, float] = {}
+        for telemetry in self.last_telemetry.values():
+            for name, value in telemetry.get(key, {}).items():
+                summed[name] = summed.get(name, 0.0) + value
+        return summed
 
 
 def row_pixel_bytes(row: dict[str, Any]) -> int:
@@ -291,8 +310,6 @@ def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: boo
     sampler = WorkerMemorySampler()
     if sample_memory:
         sampler.start()
-    last_stats: dict[int, dict[str, float]] = {}
-    last_active: dict[int, dict[str, float]] = {}
     start = time.perf_counter()
     try:
         for row in tqdm(make_loader(), desc=desc, unit="row", leave=False):
@@ -305,17 +322,12 @@ def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: boo
             figures.pixel_bytes += row_pixel_bytes(row)
             telemetry = row["__stats__"]
             figures.peak_buffered = max(figures.peak_buffered, telemetry.get("buffered_bytes", 0))
-            last_stats[telemetry.get("worker_id", 0)] = telemetry.get("stage_seconds", {})
-            last_active[telemetry.get("worker_id", 0)] = telemetry.get("worker_seconds", {})
+            figures.last_telemetry[telemetry.get("worker_id", 0)] = telemetry
     finally:
         figures.seconds = time.perf_counter() - start
         if sample_memory:
             sampler.stop()
     figures.peak_uss, figures.peak_rss = sampler.peak_uss, sampler.peak_rss
-    for totals, summed in ((last_stats, figures.stage_seconds), (last_active, figures.worker_seconds)):
-        for seconds in totals.values():
-            for name, value in seconds.items():
-                summed[name] = summed.get(name, 0.0) + value
     return figures
 
 

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from energon_pack.tools.bench_loader import LoaderBenchOptions, LoaderSetting, RunFigures, measure_settings
+from energon_pack.tools.bench_loader import LoaderBenchOptions, RunFigures, measure_settings, settings_of
 from energon_pack.tools.realistic_mix import RealisticMix, clip_durations, realistic_dataset
 
 __all__ = [
     "DEFAULT_GPU_TOKENS_PER_S",
     "REALISTIC_FAMILIES",
+    "REALISTIC_LOADER",
     "RealisticBenchOptions",
     "bench_realistic",
     "cores_per_gpu",
@@ -45,20 +46,29 @@ DEFAULT_GPU_TOKENS_PER_S = 8000.0
 OURS_PIXEL_DTYPE = "uint8"
 
 
+#: The loader settings of the realistic bench, both sides: rows of 32k tokens (a long clip fills most of
+#: one), one buffer size, 2 workers, 3 interleaved runs, and our side's pixel payload.
+REALISTIC_LOADER = LoaderBenchOptions(seq_length=32768, buffer_sizes=(16,), pixel_dtypes=(OURS_PIXEL_DTYPE,))
+
+
 @dataclass(frozen=True, kw_only=True)
 class RealisticBenchOptions:
     """Knobs of ``bench --media realistic``: the mix, the families, the loader settings both sides
-    share, the frame cap users set for long videos, and the GPU throughput for "cores per GPU"."""
+    share (one buffer size, one pixel payload of ours), the frame cap users set for long videos,
+    and the GPU throughput for "cores per GPU"."""
 
     mix: RealisticMix = RealisticMix()
     families: tuple[str, ...] = REALISTIC_FAMILIES
-    seq_length: int = 32768
-    buffer_size: int = 16
-    workers: int = 2
-    epochs: int = 3
-    prefetch_factor: int = 2
+    loader: LoaderBenchOptions = REALISTIC_LOADER
     max_frames: int = 64
     gpu_tokens_per_s: float = DEFAULT_GPU_TOKENS_PER_S
+
+    def __post_init__(self) -> None:
+        if len(self.loader.buffer_sizes) != 1 or len(self.loader.pixel_dtypes) != 1:
+            raise ValueError(
+                f"the realistic bench compares ours and eager at one setting, not buffer_sizes={self.loader.buffer_sizes} "
+                f"and pixel_dtypes={self.loader.pixel_dtypes}; fix: give one of each"
+            )
 
 
 def cores_per_gpu(gpu_tokens_per_s: float, worker_cpu_seconds: float, tokens: int) -> float:
@@ -94,12 +104,8 @@ def realistic_tables(options: RealisticBenchOptions, dataset: Path) -> list[tupl
     per family) and one "cores per GPU" table."""
     from energon_pack.qwen.processor import load_processor
 
-    loader_options = LoaderBenchOptions(
-        dataset=dataset, seq_length=options.seq_length, buffer_sizes=(options.buffer_size,), workers=options.workers,
-        pixel_dtypes=(OURS_PIXEL_DTYPE,), epochs=options.epochs, prefetch_factor=options.prefetch_factor,
-    )
-    ours = LoaderSetting(side="ours", pixel_dtype=OURS_PIXEL_DTYPE, buffer_size=options.buffer_size)
-    eager = LoaderSetting(side="eager", pixel_dtype="float32", buffer_size=options.buffer_size)
+    loader_options = replace(options.loader, dataset=dataset)
+    ours, eager = settings_of(loader_options)
     figures, cores = [], []
     for family in options.families:
         processor = load_processor(family=family, max_frames=options.max_frames)  # type: ignore[arg-type]
@@ -121,8 +127,9 @@ def realistic_tables(options: RealisticBenchOptions, dataset: Path) -> list[tupl
         f"realistic mix: {dataset} ({mix.photos} photos {mix.photo_size[0]}x{mix.photo_size[1]}, "
         f"{len(mix.clip_seconds)} clips {mix.clip_size[0]}x{mix.clip_size[1]} of "
         f"{', '.join(f'{s:.0f}' for s in mix.clip_seconds)} s, one {mix.uhd_size[0]}x{mix.uhd_size[1]} clip of "
-        f"{mix.uhd_seconds:.0f} s, {mix.fps} fps; W={options.seq_length}, B={options.buffer_size}, {options.workers} "
-        f"workers, max_frames={options.max_frames}, {options.epochs} interleaved runs; ours {OURS_PIXEL_DTYPE}, "
+        f"{mix.uhd_seconds:.0f} s, {mix.fps} fps; W={loader_options.seq_length}, B={ours.buffer_size}, "
+        f"{loader_options.workers} workers, max_frames={options.max_frames}, {loader_options.epochs} interleaved runs; "
+        f"ours {ours.pixel_dtype}, "
         "eager = HF processor in encode_sample + FFD per buffer, float32)"
     )
     cores_title = (
@@ -139,16 +146,19 @@ def bench_realistic(work_dir: Path, options: RealisticBenchOptions) -> list[tupl
 
 def realistic_options(args: Any) -> RealisticBenchOptions:
     """The realistic bench's knobs from the command line (``--family all`` is every family of `REALISTIC_FAMILIES`)."""
-    defaults = RealisticBenchOptions()
     mix = RealisticMix(photos=args.photos, clip_seconds=clip_durations(args.clips)).scaled(args.mix_scale)
-    return RealisticBenchOptions(
-        mix=mix,
-        families=REALISTIC_FAMILIES if args.family == "all" else (args.family,),
-        seq_length=args.seq_length if args.seq_length is not None else defaults.seq_length,
-        buffer_size=args.buffer_sizes[0],
+    loader = replace(
+        REALISTIC_LOADER,
+        seq_length=args.seq_length if args.seq_length is not None else REALISTIC_LOADER.seq_length,
+        buffer_sizes=(args.buffer_sizes[0],),
         workers=args.workers,
         epochs=args.epochs,
         prefetch_factor=args.prefetch_factor,
+    )
+    return RealisticBenchOptions(
+        mix=mix,
+        families=REALISTIC_FAMILIES if args.family == "all" else (args.family,),
+        loader=loader,
         max_frames=args.max_frames,
         gpu_tokens_per_s=args.gpu_tokens_per_s,
     )

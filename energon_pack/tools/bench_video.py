@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from energon_pack.core.arg_types import comma_separated_ints
+
 __all__ = ["bench_video", "main"]
 
 
@@ -103,16 +105,6 @@ def bench_video(
     }
 
 
-def _threads(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"--threads {text!r}: give thread counts >= 1, comma-separated, e.g. 1,2,4")
-    return counts
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse options, run :func:`bench_video`, print its figures."""
     parser = argparse.ArgumentParser(
@@ -127,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--noise", type=int, default=20,
                         help="noise amplitude of the clip's frames (20: ~5 Mbit/s at 720p, a camera clip's decode cost)")
     parser.add_argument("--max-frames", type=int, default=64, help="the processor's max_frames")
-    parser.add_argument("--threads", type=_threads, default=[1], help="decode_threads counts to time, e.g. 1,2,4")
+    parser.add_argument("--threads", type=comma_separated_ints, default=[1], help="decode_threads counts to time, e.g. 1,2,4")
     parser.add_argument("--family", default="qwen2.5-vl", choices=["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5"])
     parser.add_argument("--pixel-dtype", default="uint8", choices=["uint8", "float32"])
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of each setting")

@@ -129,6 +129,8 @@ def test_a_missing_msc_dataset_is_one_line(tmp_path, capsys, monkeypatch):
         (["--dp", "8", "--micro-batches", "0"], ["--micro-batches", "positive"]),
         (["--dp", "8", "--cost-model", "llama-7b"], ["--cost-model 'llama-7b'", "qwen2.5-vl-7b"]),
         (["--dp", "8", "--seq-length", "0"], ["--seq-length 0", "--seq-length 8192"]),
+        (["--dp", "8", "--workers", "0"], ["--workers", "'0'", ">= 1"]),
+        (["--dp", "8", "--window-rows", "0"], ["--window-rows", "'0'", ">= 1"]),
     ],
 )
 def test_simulate_step_table_bad_values(capsys, argv, fragments):

@@ -506,8 +506,8 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
                        "fast_jpeg_decode", "max_consecutive_skips", "timeout", "decode_threads", "chat_template_kwargs",
                        # skipping named samples and retrying storage reads resume across changes (issue 35)
                        "exclude", "max_storage_retries", "storage_retry_delay",
-                       # balanced steps change no online row; a balanced plan records them (packing_fingerprint)
-                       "cost_model", "frozen_vision", "balance_steps", "balance_window_steps",
+                       # a balanced plan records them (packing_fingerprint); a balancing online loader adds them (balance_fingerprint)
+                       "cost_model", "frozen_vision", "balance_steps", "balance_window_steps", "balance_window_rows",
                        # the loader adds the mapping it resolved, by name, when one is set
                        "sample_mapping",
                        # blends enter only when not at their defaults (tests/config/test_blend_config.py)

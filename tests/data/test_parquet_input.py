@@ -27,6 +27,7 @@ from energon_pack.data.synthetic import (
     records_to_parquet,
 )
 from energon_pack.tools.bench_prepare import measure_prepare
+from tests.support.paths import REPO
 
 OPTIONS = dict(split_ratio="3,1,1", samples_per_shard=3, progress=False)
 CHAT = [{"role": "user", "content": "<image>What?"}, {"role": "assistant", "content": "A cat."}]
@@ -197,10 +198,10 @@ def test_media_that_do_not_read_when_written_are_counted_per_row(tmp_path, monke
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=2)
     real = parquet_records.leaf_items
 
-    def broken(path, group, leaf):
+    def broken(path, group, leaf, *, parquet):
         if group == 0:
             raise CorruptPage("t.parquet, column 'images.list.element.bytes', row group 0 does not read")
-        return real(path, group, leaf)
+        return real(path, group, leaf, parquet=parquet)
 
     monkeypatch.setattr(parquet_records, "leaf_items", broken)
     report = prepare_dataset(tmp_path / "t.parquet", tmp_path, tmp_path / "ds", progress=False)
@@ -325,8 +326,44 @@ def test_bench_prepare_reports_parquet_beside_json(tmp_path, monkeypatch):
 
     monkeypatch.setattr(importlib.import_module("energon_pack.tools.bench_prepare"), "ROUNDS", 1)  # the package's name is the function
 
-    [(title, rows, columns)] = bench_prepare(6, tmp_path, PrepareBenchOptions(row_group_rows=3, image_side=32))
-    assert "2 row groups of 3 rows" in title and "best of 1" in title and columns == ["what", "parquet", "json", "ratio"]
-    assert [row["what"] for row in rows] == ["samples/s (higher is better)", "peak MiB above start", "peak / one row group"]
-    assert float(rows[0]["parquet"]) > 0 and float(rows[0]["json"]) > 0
+    options = PrepareBenchOptions(row_group_rows=3, image_side=32, baseline=REPO)  # this checkout as its own baseline
+    [(title, rows, columns)] = bench_prepare(6, tmp_path, options)
+    assert "2 row groups of 3 rows" in title and "best of 1" in title and f"baseline = {REPO}" in title
+    assert columns == ["what", "parquet", "json", "ratio", "baseline parquet", "parquet / baseline"]
+    assert [row["what"] for row in rows] == [
+        "samples/s (higher is better)", "samples per CPU second", "peak MiB above start", "peak / one row group"]
+    assert all(float(rows[i][side]) > 0 for i in (0, 1) for side in ("parquet", "json", "baseline parquet"))
     assert _tree(tmp_path / "prepare-6-3-32" / "out-parquet") == _tree(tmp_path / "prepare-6-3-32" / "out-json")
+    assert _tree(tmp_path / "prepare-6-3-32" / "out-baseline") == _tree(tmp_path / "prepare-6-3-32" / "out-json")
+
+
+def test_bench_prepare_refuses_a_baseline_without_the_package(tmp_path, capsys):
+    assert cli_main(["bench", "--stage", "prepare", "--baseline", str(tmp_path), "--out", str(tmp_path / "b")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "holds no energon_pack package; fix: pass the root of a checkout" in line
+
+
+def test_each_footer_is_parsed_once_a_pass_and_each_record_unpickled_once(tmp_path, monkeypatch):
+    """Per file, whatever its row groups: one ``ParquetFile`` (its footer parsed) each for the
+    layout, the text columns, the records pass and the media pass; each placed record unpickled once."""
+    from energon_pack.data.prepare import PlacedRecord
+
+    table = pa.table({"id": [f"r{i}" for i in range(8)], "messages": [json.dumps(CHAT)] * 8,
+                      "images": [[{"bytes": _jpeg(i), "path": None}] for i in range(8)]})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=1)  # 8 row groups
+    opened, unpickled = [], []
+    real_init, real_record = pq.ParquetFile.__init__, PlacedRecord.record
+
+    def counted_init(self, *args, **kwargs):
+        opened.append(args[0])
+        real_init(self, *args, **kwargs)
+
+    def counted_record(self):
+        unpickled.append(self.line)
+        return real_record.fget(self)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", counted_init)
+    monkeypatch.setattr(PlacedRecord, "record", property(counted_record))
+    report = prepare_dataset(tmp_path / "t.parquet", tmp_path, tmp_path / "ds", progress=False)
+    assert report.written == 8 and report.images == 8 and report.generated_ids == 0
+    assert len(opened) == 4 and sorted(unpickled) == list(range(1, 9))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,17 +20,20 @@ from hypothesis import strategies as st
 
 from energon_pack.data import parquet_records
 from energon_pack.data.parquet_pages import (
+    MAX_THRIFT_DEPTH,
     CorruptPage,
     UnsupportedPage,
+    _int_field,
     _Stream,
+    _struct_field,
     hybrid_values,
     leaf_items,
-    leaf_rows,
     read_struct,
     snappy_pieces,
 )
 from energon_pack.data.parquet_records import EmbeddedMedia, TableInput
 from energon_pack.data.prepare import PlacedRecord
+from tests.support.parquet_leaves import leaf_rows
 
 ITEM = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 CHAT = json.dumps([{"role": "user", "content": "<image>What?"}, {"role": "assistant", "content": "A cat."}])
@@ -118,6 +122,29 @@ def test_hybrid_levels_and_thrift_golden():
     assert read_struct(_Stream(iter([data]))) == {1: 3, 5: {1: -2}, 6: [1, 2], 9: b"hi"}
 
 
+def test_thrift_that_is_no_page_header_is_corrupt_page():
+    nested = bytes([0x1C] * (MAX_THRIFT_DEPTH + 2)) + b"\x00" * (MAX_THRIFT_DEPTH + 3)  # structs in structs
+    with pytest.raises(CorruptPage, match="nested deeper than"):
+        read_struct(_Stream(iter([nested])))
+    list_key = bytes([0x1B, 0x01, 0x95, 0x11, 0x02, 0x02, 0x00])  # field 1: map of 1 entry, list<i32> [1] -> i32
+    with pytest.raises(CorruptPage, match="map key of type list"):
+        read_struct(_Stream(iter([list_key])))
+    with pytest.raises(CorruptPage, match=r"the page size \(Thrift field 3\) is -1, not an integer from 0 to 100"):
+        _int_field({3: -1}, 3, "the page size", 0, limit=100)
+    with pytest.raises(CorruptPage, match=r"the data page header \(Thrift field 5\) is a int, not a struct"):
+        _struct_field({5: 7}, 5, "the data page header")
+
+
+def test_a_footer_that_does_not_parse_is_corrupt_page(tmp_path):
+    pq.write_table(_media_table(2), tmp_path / "t.parquet")
+    data = bytearray((tmp_path / "t.parquet").read_bytes())
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    data[footer:footer + 8] = b"\xff" * 8
+    (tmp_path / "t.parquet").write_bytes(bytes(data))
+    with pytest.raises(CorruptPage, match=r"^t\.parquet: its footer does not read \(.*\); fix: rewrite the file"):
+        next(leaf_items(tmp_path / "t.parquet", 0, "images.list.element.bytes"))
+
+
 def _attached(path: Path) -> list[dict]:
     """``with_media``'s embedded media of every row of ``path``."""
     placed = [PlacedRecord(line, f"k{line}", None, "train", "s") for line in range(1, pq.ParquetFile(path).metadata.num_rows + 1)]
@@ -158,8 +185,8 @@ def test_the_fallback_starts_at_the_row_the_stream_stopped_at(tmp_path, monkeypa
     expected = _attached(tmp_path / "t.parquet")
     streamed = parquet_records.leaf_items
 
-    def stops_after_two_rows(path, group, leaf):
-        items = streamed(path, group, leaf)
+    def stops_after_two_rows(path, group, leaf, *, parquet):
+        items = streamed(path, group, leaf, parquet=parquet)
         yield next(items)
         yield next(items)
         raise UnsupportedPage("a page of another kind")
@@ -201,3 +228,49 @@ def test_a_page_of_large_values_is_read_about_one_value_at_a_time(tmp_path, comp
         tracemalloc.stop()
     assert sizes == [size] * 30
     assert peak < 3 * size, f"peak {peak / size:.2f} values"
+
+
+#: How the fuzzed files are written: dictionary pages or not, each codec, v1 and v2 data pages, small pages.
+FUZZ_WRITES = (
+    dict(compression="snappy"), dict(compression="none", use_dictionary=False), dict(compression="gzip"),
+    dict(compression="snappy", data_page_version="2.0", use_dictionary=False), dict(compression="none", data_page_version="2.0"),
+)
+
+
+@pytest.mark.timeout(60)  # a hang fails here, not the run
+def test_mutated_pages_give_corrupt_page_or_rows_and_nothing_else(tmp_path):
+    """300 seeded mutations (bytes set, bits flipped, 4-byte words replaced) of the column chunks of
+    Parquet files (the bytes this reader parses itself; the footer is pyarrow's): every read of every
+    leaf ends in rows, ``CorruptPage`` or ``UnsupportedPage`` (pyarrow reads instead), never another error."""
+    rng = random.Random(44)
+    rows = [{"images": None if i % 7 == 3 else [None if j == 1 else {"bytes": rng.randbytes(rng.randint(0, 60)), "path": f"p{i}.jpg"}
+                                                for j in range(i % 3)],
+             "image": {"bytes": rng.randbytes(20), "path": None}, "video": None if i % 5 == 0 else rng.randbytes(30),
+             "names": ["a", None]} for i in range(12)]
+    bases = []
+    for n, options in enumerate(FUZZ_WRITES):
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp_path / f"{n}.parquet", row_group_size=6, data_page_size=300, **options)
+        bases.append((tmp_path / f"{n}.parquet").read_bytes())
+    outcomes: Counter[str] = Counter()
+    path = tmp_path / "mutated.parquet"
+    for _ in range(300):
+        data = bytearray(rng.choice(bases))
+        footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+        for _ in range(rng.randint(1, 3)):
+            at, how = rng.randrange(4, footer - 4), rng.random()  # the footer after it stays as written
+            if how < 0.5:
+                data[at] = rng.randrange(256)
+            elif how < 0.8:
+                data[at] ^= 1 << rng.randrange(8)
+            else:
+                data[at:at + 4] = rng.randbytes(4)
+        path.write_bytes(bytes(data))
+        group, parquet = rng.randrange(2), pq.ParquetFile(path)  # the footer is unchanged: parsed once
+        for leaf in LEAVES:
+            try:
+                for _ in leaf_items(path, group, leaf, parquet=parquet):
+                    pass
+                outcomes["rows"] += 1
+            except (CorruptPage, UnsupportedPage) as err:
+                outcomes[type(err).__name__] += 1
+    assert outcomes["CorruptPage"] >= 100 and outcomes["rows"] >= 100, outcomes  # the mutations do reach the parser

@@ -15,10 +15,12 @@ from energon_pack.formats.sample_mapping import SampleMappingError
 from energon_pack.identity import ResumeMismatchError
 from tests.support.energon_datasets import (
     VQA_SAMPLE_LOADER,
+    aux_metadataset,
     captioning_samples,
     cook_qa,
     energon_prepare,
     epochized_blend,
+    make_aux_datasets,
     make_captioning_dataset,
     make_crude_dataset,
     make_type_dataset,
@@ -173,6 +175,43 @@ def test_a_crude_dataset_without_a_cooker_is_refused_at_start(tmp_path, processo
     with pytest.raises(SampleMappingError) as caught:
         get_packing_loader(tmp_path / "crude", _config(), processor)
     assert "\n" not in str(caught.value) and "CrudeWebdataset" in str(caught.value)
+
+
+@pytest.mark.slow
+def test_a_crude_datasets_aux_datasets_reach_its_cooker_as_in_energon(tmp_path, processor):
+    """A metadataset entry's ``aux:`` (an Energon dataset and a ``filesystem://`` folder): the cooker,
+    in a worker process, gets them as keyword arguments, and ``primary`` as it asks
+    (``@cooker(need_primary=True)``); the rows are the HF processor's."""
+    samples = make_aux_datasets(tmp_path)
+    (tmp_path / "aux.yaml").write_text(aux_metadataset("tests.support.energon_datasets:cook_with_primary"), encoding="utf-8")
+    rows, stats = _rows(tmp_path / "aux.yaml", processor, config=_config(max_segments=1, pixel_dtype="float32", num_workers=1))
+    assert stats["skipped"] == {} and _keys(rows) == [s["__key__"] for s in samples]
+    by_key = {row["__keys__"][0]: row for row in rows}
+    for sample in samples:
+        qa = sample["json"]
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": qa["q"]}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": qa["a"]}]}]
+        _assert_row_equals_hf(by_key[sample["__key__"]], hf_reference(processor, messages, sample["images"], []))
+    from energon_pack.data.inspect_dataset import iter_prepared  # inspect and simulate read it the same way
+
+    read = [(raw.__key__, raw.invalid_reason, len(raw.images)) for raw, _ in iter_prepared(tmp_path / "aux.yaml", processor=processor)]
+    assert sorted(read) == [(s["__key__"], None, 2) for s in samples]
+
+
+@pytest.mark.slow
+def test_aux_datasets_are_refused_with_the_reason_where_energon_gives_them_to_no_cooker(tmp_path, processor):
+    from energon_pack.errors import UsageError
+
+    make_aux_datasets(tmp_path, 1)
+    (tmp_path / "cache.yaml").write_text(aux_metadataset("tests.support.energon_datasets:cook_with_cache"), encoding="utf-8")
+    with pytest.raises(SampleMappingError, match=r"need_cache=True; .*fix: drop need_cache"):
+        get_packing_loader(tmp_path / "cache.yaml", _config(), processor)
+    make_captioning_dataset(tmp_path / "captions", 2)
+    (tmp_path / "captions.yaml").write_text(aux_metadataset(path="./captions"), encoding="utf-8")
+    with pytest.raises(UsageError) as caught:
+        get_packing_loader(tmp_path / "captions.yaml", _config(), processor)
+    assert "\n" not in str(caught.value) and "only to a crude dataset (CrudeWebdataset)" in str(caught.value)
+    assert "fix: remove aux: from its metadataset entry" in str(caught.value)
 
 
 # --- lost samples are counted -------------------------------------------------------------------

@@ -286,9 +286,11 @@ def test_the_default_round_fills_every_width_of_the_reference_mix() -> None:
 def test_simulate_prints_the_step_imbalance_of_both_dealings(capsys):
     from energon_pack.cli import main
 
-    assert main(["simulate", "--samples", "600", "--dp", "4,8", "--micro-batches", "1,2"]) == 0
+    assert main(["simulate", "--samples", "600", "--dp", "4,8", "--micro-batches", "1,2", "--window-rows", "16"]) == 0
     out = capsys.readouterr().out
     assert "today mean" in out and "balanced p99" in out and "cost model qwen2.5-vl-7b" in out
     lines = [line.split() for line in out.splitlines() if line.split()[:1] in (["4"], ["8"])]
     assert [(line[0], line[1]) for line in lines] == [("4", "1"), ("4", "2"), ("8", "1"), ("8", "2")]
     assert all(float(line[6]) < float(line[3]) for line in lines)  # balanced mean below today's
+    assert "online balanced mean" in out
+    assert all(float(line[9]) < float(line[8]) for line in lines)  # online balanced below online today

@@ -127,6 +127,15 @@ def test_row_flops_match_flop_counter(tiny, name: str) -> None:
     _assert_counted(family, model, model.config, ROWS[name])
 
 
+def test_an_moe_layer_costs_router_active_and_shared_experts_and_a_dense_model_has_none() -> None:
+    from energon_pack.rows.flops import MoESpec, model_spec
+
+    moe = MoESpec(num_experts=8, experts_per_token=2, intermediate_size=32, shared_intermediate_size=16)
+    assert moe.mlp_flops(64) == 2 * 64 * 8 + 2 * 6 * 64 * 32 + 6 * 64 * 16
+    assert model_spec("qwen2.5-vl-7b").text.moe is None
+    assert model_spec("qwen3-vl-30b-a3b").text.moe.layers == tuple(range(48))
+
+
 @pytest.mark.slow
 def test_moe_row_matches_flop_counter() -> None:
     """Qwen3-VL-MoE: router plus the k active experts per token (a row with text, an image and a video)."""

@@ -227,6 +227,69 @@ def cook_qa(crude: dict) -> dict[str, Any]:
     }
 
 
+def make_aux_datasets(root: Path, n: int = 3) -> list[dict[str, Any]]:
+    """A crude dataset ``root/crude`` of questions only (``json``: ``q``, ``a`` and the names of its
+    two images), an auxiliary Energon dataset ``root/photos`` holding the first image of each
+    (``photoNNN.jpg``) and a folder ``root/media`` holding the second (``NNN.jpg``); returns the
+    crude samples, each with its two images' bytes under ``"images"``."""
+    samples = []
+    for i in range(n):
+        photo, picture = small_jpeg(900 + i), small_jpeg(950 + i)
+        samples.append({"__key__": f"q{i:03d}", "json": {"q": f"Compare {i}?", "a": f"Alike {i}.",
+                                                         "photo": f"photo{i:03d}.jpg", "file": f"{i:03d}.jpg"},
+                        "images": [photo, picture]})
+        (root / "media").mkdir(parents=True, exist_ok=True)
+        (root / "media" / f"{i:03d}.jpg").write_bytes(picture)
+    write_shards(root / "crude", [{"__key__": s["__key__"], "json": s["json"]} for s in samples])
+    energon_prepare(root / "crude", sample_type="CrudeWebdataset")
+    write_shards(root / "photos", [{"__key__": f"photo{i:03d}", "jpg": s["images"][0]} for i, s in enumerate(samples)])
+    energon_prepare(root / "photos", sample_type="CrudeWebdataset")
+    return samples
+
+
+def cook_with_aux(crude: dict, *, photos: Any, files: Any) -> dict[str, Any]:
+    """A user's cooker for ``make_aux_datasets``: its images from the aux datasets ``photos`` (an
+    Energon dataset) and ``files`` (a folder), read as Energon's cookers read them."""
+    qa = crude["json"]
+    return {
+        "conversation": [{"role": "user", "content": "<image><image>" + qa["q"]}, {"role": "assistant", "content": qa["a"]}],
+        "images": [photos.get(qa["photo"], crude), files.get(qa["file"], crude)],
+    }
+
+
+def cook_with_primary(crude: dict, *, primary: Any, photos: Any, files: Any) -> dict[str, Any]:
+    """``cook_with_aux``, its question read again from the crude dataset's own store (``primary``:
+    ``".json"`` is the current sample's member); marked ``@cooker(need_primary=True)`` below."""
+    record = cook_with_aux(crude, photos=photos, files=files)
+    assert json.loads(primary.get(".json", crude)) == crude["json"], "primary gave another sample's member"
+    return record
+
+
+def cook_with_cache(crude: dict, *, cache: Any, photos: Any, files: Any) -> dict[str, Any]:
+    """A cooker asking for Energon's cache pool (``@cooker(need_cache=True)`` below): refused."""
+    return cook_with_aux(crude, photos=photos, files=files)
+
+
+def _mark_cookers() -> None:
+    from megatron.energon.task_encoder.cooking import cooker
+
+    globals()["cook_with_primary"] = cooker(need_primary=True)(cook_with_primary)
+    globals()["cook_with_cache"] = cooker(need_cache=True)(cook_with_cache)
+
+
+_mark_cookers()
+
+
+def aux_metadataset(cooker: str = "tests.support.energon_datasets:cook_with_aux", path: str = "./crude") -> str:
+    """A metadataset (YAML text) reading ``path`` with the aux datasets ``photos`` and ``files``."""
+    import yaml
+
+    entry = {"path": path, "subflavors": {"sample_mapping": cooker},
+             "aux": {"photos": "./photos", "files": "filesystem://./media"}}
+    return yaml.safe_dump({"__module__": "megatron.energon", "__class__": "MetadatasetV2",
+                           "splits": {"train": {"blend_epochized": [{"repetitions": 1, **entry}]}}}, sort_keys=False)
+
+
 def caption_as_question(sample: Any) -> dict[str, Any]:
     """A user's mapping of a ``CaptioningSample``: the caption answers a question."""
     return {"conversation": [{"role": "user", "content": "<image>What is shown?"},

@@ -119,12 +119,16 @@ def test_efficiency_is_the_best_floor_over_the_best_active_seconds() -> None:
 
     ours, eager = (LoaderSetting(side=side, pixel_dtype="uint8", buffer_size=4) for side in ("ours", "eager"))
     runs = {
-        ours: [RunFigures(worker_seconds={"wall": 2.0, "cpu": 1.5}), RunFigures(worker_seconds={"wall": 1.25, "cpu": 1.6})],
+        ours: [
+            RunFigures(last_telemetry={0: {"worker_seconds": {"wall": 1.5, "cpu": 1.0}}, 1: {"worker_seconds": {"wall": 0.5, "cpu": 0.5}}}),
+            RunFigures(last_telemetry={0: {"worker_seconds": {"wall": 1.25, "cpu": 1.6}}}),
+        ],
         eager: [RunFigures()],
     }
     floors = [FloorSeconds(wall=1.5, cpu=1.2), FloorSeconds(wall=1.0, cpu=1.3)]
     (row,) = efficiency_rows(runs, floors)
     assert row["setting"] == "ours uint8 B4" and row["efficiency wall"] == 1.0 / 1.25 and row["efficiency cpu"] == 1.2 / 1.5
+    assert runs[ours][0].worker_seconds == {"wall": 2.0, "cpu": 1.5}  # summed over the workers' last totals
 
 
 def test_floor_plans_only_the_emitted_samples(synthetic_dataset, processor) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 
 import pytest
 
 from energon_pack.tools.bench_realistic import (
     REALISTIC_FAMILIES,
+    REALISTIC_LOADER,
     RealisticBenchOptions,
     bench_realistic,
     cores_per_gpu,
@@ -31,6 +33,11 @@ def test_clip_durations_span_30_s_to_5_min_geometrically() -> None:
     assert clip_durations(1) == (300.0,) and clip_durations(0) == ()
 
 
+def test_the_options_compare_one_setting_per_side() -> None:
+    with pytest.raises(ValueError, match=r"buffer_sizes=\(16, 64\).*fix: give one of each"):
+        RealisticBenchOptions(loader=replace(REALISTIC_LOADER, buffer_sizes=(16, 64)))
+
+
 def test_scaling_shortens_clips_and_keeps_sizes_and_at_least_two_frames() -> None:
     mix = RealisticMix().scaled(0.1)
     assert mix.clip_seconds == tuple(s * 0.1 for s in RealisticMix().clip_seconds) and mix.uhd_seconds == 6.0
@@ -48,9 +55,11 @@ def test_options_come_from_the_command_line() -> None:
     args = argparse.Namespace(photos=3, clips=2, mix_scale=0.5, family="all", seq_length=None, buffer_sizes=[8, 64],
                               workers=1, epochs=2, prefetch_factor=1, max_frames=32, gpu_tokens_per_s=5000.0)
     options = realistic_options(args)
-    assert options.families == REALISTIC_FAMILIES and options.seq_length == RealisticBenchOptions().seq_length
+    assert options.families == REALISTIC_FAMILIES and options.loader.seq_length == RealisticBenchOptions().loader.seq_length
     assert options.mix == RealisticMix(photos=3, clip_seconds=(15.0, 150.0), uhd_seconds=30.0)
-    assert (options.buffer_size, options.workers, options.epochs, options.max_frames) == (8, 1, 2, 32)
+    loader = options.loader
+    assert (loader.buffer_sizes, loader.workers, loader.epochs, loader.prefetch_factor, options.max_frames) == ((8,), 1, 2, 1, 32)
+    assert loader.pixel_dtypes == REALISTIC_LOADER.pixel_dtypes == ("uint8",)
     assert realistic_options(argparse.Namespace(**{**vars(args), "family": "qwen3.5", "seq_length": 4096})).families == ("qwen3.5",)
 
 
@@ -78,8 +87,8 @@ def test_the_mix_has_exif_photos_fixed_gop_clips_and_is_made_once(tmp_path) -> N
 
 @pytest.mark.slow
 def test_a_tiny_realistic_bench_prints_sane_figures_per_family(tmp_path) -> None:
-    options = RealisticBenchOptions(mix=TINY_MIX, families=("qwen2.5-vl", "qwen3-vl"), seq_length=8192, buffer_size=4,
-                                    workers=1, epochs=1, prefetch_factor=1, max_frames=8)
+    loader = replace(REALISTIC_LOADER, seq_length=8192, buffer_sizes=(4,), workers=1, epochs=1, prefetch_factor=1)
+    options = RealisticBenchOptions(mix=TINY_MIX, families=("qwen2.5-vl", "qwen3-vl"), loader=loader, max_frames=8)
     (title, rows, columns), (cores_title, cores, _) = bench_realistic(tmp_path, options)
     assert "realistic mix" in title and "cores per GPU" in cores_title and "8000" in cores_title
     assert [(r["family"], r["side"]) for r in rows] == [

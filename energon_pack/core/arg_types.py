@@ -1,0 +1,53 @@
+"""Value types of command-line options (``argparse`` ``type=``), shared by ``energon-pack`` and the
+tools' own entry points (``python -m energon_pack.tools.bench_video``): each turns the text of one
+option into its value or raises ``argparse.ArgumentTypeError`` naming the text and the fix."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def comma_separated_ints(text: str) -> list[int]:
+    """``"4096,8192"`` -> ``[4096, 8192]``; anything else raises ``argparse.ArgumentTypeError``."""
+    try:
+        values = [int(value) for value in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of positive integers; fix: write e.g. 4096,8192 (no spaces)"
+        )
+    return values
+
+
+def positive_float(text: str) -> float:
+    """``"0.25"`` -> ``0.25``; zero, a negative, inf, nan or a non-number raises ``argparse.ArgumentTypeError``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number; fix: write e.g. 0.1 or 8000")
+    return value
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """A parser of integers >= ``minimum``. Example: ``int_at_least(2)("64")`` -> 64; ``("1")`` raises
+    ``argparse.ArgumentTypeError``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {minimum}; fix: write e.g. {max(minimum, 1) * 8}")
+        return value
+
+    return parse
+
+
+def comma_separated_ints_or_none(text: str) -> list[int]:
+    """:func:`comma_separated_ints`, or ``[]`` for an empty string. Example: ``""`` -> ``[]``."""
+    return comma_separated_ints(text) if text else []

@@ -101,8 +101,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from energon_pack.data.inspect_dataset import run_inspect
 
+    processor = None
+    if args.family is not None:
+        from energon_pack.qwen.processor import load_processor
+
+        processor = load_processor(family=args.family)
     with _under_sample_mapping(args.sample_mapping):
-        return run_inspect(args.dataset, split=args.split, limit=args.limit)
+        return run_inspect(args.dataset, split=args.split, limit=args.limit, processor=processor)
 
 
 _SAMPLE_MAPPING_HELP = (
@@ -292,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
     bench.add_argument(
-        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "blend", "balance", "all"), default="all", help="which benchmark to run"
+        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "blend", "balance", "audio", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     add_working_folder(bench, "bench")
@@ -387,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--split", default="train", help="split to read")
     inspect.add_argument("--limit", type=int, default=None, help="read at most this many samples (default: all)")
     inspect.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
+    inspect.add_argument(
+        "--family", choices=FAMILIES, default=None,
+        help="count tokens with this family's offline processor, e.g. qwen2.5-omni for audio (default: qwen2.5-vl)",
+    )
     inspect.set_defaults(func=_cmd_inspect)
     return parser
 

@@ -24,6 +24,8 @@ from energon_pack.config.values import (
 LOSS_REDUCTIONS: tuple[str, ...] = ("token", "sample", "square")
 
 PIXEL_DTYPES: tuple[str, ...] = ("float32", "uint8")
+#: What happens to a Qwen-Omni audio longer than ``max_audio_seconds``: keep its start, or skip the sample.
+OVERLONG_AUDIO_POLICIES: tuple[str, ...] = ("trim", "skip")
 
 #: Default ``max_image_pixels``: 2 * PIL's default ``Image.MAX_IMAGE_PIXELS`` (89,478,485), the
 #: largest image Pillow opens at all (about 179 MP).
@@ -68,6 +70,11 @@ class RowLayout:
         ``{"add_vision_id": True}`` (Qwen2.5-VL's official template, Qwen3-VL: "Picture 1: " before
         each image) or ``{"preserve_thinking": True}`` (Qwen3.6: earlier turns keep their thinking).
         An option the processor's template never reads is refused when the loader is built.
+    max_audio_seconds: Qwen-Omni: seconds of an audio the model hears at most (None: the feature
+        extractor's 300 s, what the Hugging Face processor keeps); must not exceed that.
+    on_overlong_audio: Qwen-Omni: an audio over ``max_audio_seconds`` keeps its first
+        ``max_audio_seconds`` ("trim", as the Hugging Face processor does at 300 s) or its sample
+        is skipped as ``audio_too_long`` ("skip").
     """
 
     seq_length: int
@@ -84,6 +91,8 @@ class RowLayout:
     apply_exif_orientation: bool = True
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)  # a dict: RowLayout stays hashable
+    max_audio_seconds: float | None = None
+    on_overlong_audio: Literal["trim", "skip"] = "trim"
 
     def __post_init__(self) -> None:
         raise_if_problems(type(self).__name__, self.problems())
@@ -105,10 +114,11 @@ class RowLayout:
         ``apply_exif_orientation`` only when on (rows were built from the stored pixels before, so
         a state saved then resumes exactly only with ``apply_exif_orientation=False``);
         ``max_image_pixels`` unless it is 89,478,485 (the limit then); ``chat_template_kwargs``
-        only when set. See `media_fingerprint`.
+        only when set; the Qwen-Omni audio knobs only away from their defaults. See `media_fingerprint`.
         """
         values = {**fingerprint_fields(self), "pad_multiple": self.pad_multiple}
-        for name in ("fast_jpeg_decode", "apply_exif_orientation", "max_image_pixels", "chat_template_kwargs"):
+        for name in ("fast_jpeg_decode", "apply_exif_orientation", "max_image_pixels", "chat_template_kwargs",
+                     "max_audio_seconds", "on_overlong_audio"):
             del values[name]
         if self.fast_jpeg_decode:
             values["fast_jpeg_decode"] = True
@@ -130,6 +140,10 @@ class RowLayout:
             values["max_image_pixels"] = self.max_image_pixels
         if self.chat_template_kwargs:
             values["chat_template_kwargs"] = dict(sorted(self.chat_template_kwargs.items()))
+        if self.max_audio_seconds is not None:
+            values["max_audio_seconds"] = self.max_audio_seconds
+        if self.on_overlong_audio != "trim":
+            values["on_overlong_audio"] = self.on_overlong_audio
         return values
 
     def problems(self) -> Iterator[str | None]:
@@ -156,6 +170,12 @@ class RowLayout:
         yield bool_problem("apply_exif_orientation", self.apply_exif_orientation)
         yield int_problem("max_image_pixels", self.max_image_pixels, minimum=1)
         yield template_options_problem(self.chat_template_kwargs)
+        if self.max_audio_seconds is not None and (
+            isinstance(self.max_audio_seconds, bool) or not isinstance(self.max_audio_seconds, (int, float))
+            or not self.max_audio_seconds > 0
+        ):
+            yield f"max_audio_seconds={self.max_audio_seconds!r}: must be a positive number of seconds or null (the model's 300 s)"
+        yield choice_problem("on_overlong_audio", self.on_overlong_audio, OVERLONG_AUDIO_POLICIES)
         yield choice_problem("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
 
     def _width_problems(self, topology_ok: bool) -> Iterator[str | None]:

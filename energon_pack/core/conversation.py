@@ -1,8 +1,9 @@
 """Chat conversations: the three accepted input forms, normalised to typed messages.
 
 A typed message is ``{"role": "system"|"user"|"assistant"|"tool", "content": [part, ...]}`` with
-parts ``{"type": "text", "text": str}``, ``{"type": "image"}`` or ``{"type": "video"}``. Media parts
-refer to the sample's images / videos lists in order of appearance. An assistant message may
+parts ``{"type": "text", "text": str}``, ``{"type": "image"}``, ``{"type": "video"}`` or
+``{"type": "audio"}`` (Qwen-Omni, docs/omni.md). Media parts refer to the sample's images /
+videos / audios lists in order of appearance. An assistant message may
 also carry ``"reasoning_content": str`` (its thinking); templates with a thinking block (Qwen3.5 /
 Qwen3.6) render it inside ``<think>...</think>``, the others ignore it (docs/qwen35.md).
 
@@ -32,6 +33,8 @@ ROLE_ALIASES = {
     "human": "user", "gpt": "assistant", "user": "user", "assistant": "assistant", "system": "system", "tool": "tool",
 }
 MEDIA_KINDS = ("image", "video")
+#: Every media part kind: the vision kinds and audio (heard by Qwen-Omni models only).
+ALL_MEDIA_KINDS = (*MEDIA_KINDS, "audio")
 #: Message field holding an assistant turn's reasoning (the thinking before its answer).
 REASONING_FIELD = "reasoning_content"
 #: Assistant message field holding its function calls.
@@ -44,11 +47,11 @@ RESERVED_TEMPLATE_OPTIONS = frozenset({
     "continue_final_message", "tokenize", "return_dict", "return_tensors", "return_assistant_tokens_mask",
     "processor_kwargs", "sanitize_control_tokens", "load_audio_from_video",
 })
-_PLACEHOLDER = re.compile(r"<(image|video)>")
+_PLACEHOLDER = re.compile(r"<(image|video|audio)>")
 
 
 def split_placeholders(text: str) -> list[dict[str, str]]:
-    """Split a string at ``<image>`` / ``<video>`` placeholders into typed parts.
+    """Split a string at ``<image>`` / ``<video>`` / ``<audio>`` placeholders into typed parts.
 
     Text between placeholders is kept verbatim (newlines included); empty text parts are dropped.
 
@@ -69,11 +72,11 @@ def split_placeholders(text: str) -> list[dict[str, str]]:
 def _typed_part(part: Any) -> dict[str, str]:
     if isinstance(part, str):
         return {"type": "text", "text": part}
-    if not isinstance(part, Mapping) or part.get("type") not in ("text", *MEDIA_KINDS):
+    if not isinstance(part, Mapping) or part.get("type") not in ("text", *ALL_MEDIA_KINDS):
         raise BadSampleError(
             "malformed_conversation",
             f"content part {part!r} is not a typed part; use {{'type': 'text', 'text': ...}}, "
-            "{'type': 'image'} or {'type': 'video'}",
+            "{'type': 'image'}, {'type': 'video'} or {'type': 'audio'}",
         )
     if part["type"] == "text":
         text = part.get("text")
@@ -202,11 +205,11 @@ def check_tool_order(messages: Sequence[Message]) -> None:
 
 
 def count_media_parts(messages: Sequence[Message]) -> dict[str, int]:
-    """Number of image and video parts in typed messages.
+    """Number of image, video and audio parts in typed messages.
 
-    Example: one user message ``[image, text, image]`` -> ``{"image": 2, "video": 0}``.
+    Example: one user message ``[image, text, image]`` -> ``{"image": 2, "video": 0, "audio": 0}``.
     """
-    counts = dict.fromkeys(MEDIA_KINDS, 0)
+    counts = dict.fromkeys(ALL_MEDIA_KINDS, 0)
     for message in messages:
         for part in message["content"]:
             if part["type"] in counts:
@@ -214,7 +217,7 @@ def count_media_parts(messages: Sequence[Message]) -> dict[str, int]:
     return counts
 
 
-def normalize_conversation(messages: Any, *, num_images: int, num_videos: int) -> list[Message]:
+def normalize_conversation(messages: Any, *, num_images: int, num_videos: int, num_audios: int = 0) -> list[Message]:
     """Validate a conversation in any accepted form and return typed messages.
 
     Raises ``BadSampleError`` with reason ``empty_conversation``, ``malformed_conversation``,
@@ -236,8 +239,8 @@ def normalize_conversation(messages: Any, *, num_images: int, num_videos: int) -
         raise BadSampleError("no_assistant_turn", "no assistant message with content or tool calls: nothing to train on")
     check_tool_order(typed)
     counts = count_media_parts(typed)
-    given = {"image": num_images, "video": num_videos}
-    for kind in MEDIA_KINDS:
+    given = {"image": num_images, "video": num_videos, "audio": num_audios}
+    for kind in ALL_MEDIA_KINDS:
         if counts[kind] != given[kind]:
             raise BadSampleError(
                 "placeholder_mismatch",
@@ -255,7 +258,7 @@ def check_no_assistant_media(messages: Sequence[Message]) -> None:
     Example: ``[user "Draw.", assistant [image]]`` -> BadSampleError naming message 2.
     """
     for number, message in enumerate(messages, start=1):
-        kinds = [part["type"] for part in message["content"] if part["type"] in MEDIA_KINDS]
+        kinds = [part["type"] for part in message["content"] if part["type"] in ALL_MEDIA_KINDS]
         if message["role"] == "assistant" and kinds:
             raise BadSampleError(
                 "media_in_assistant_turn",
@@ -348,16 +351,34 @@ class ChatRecord:
     videos: list[str] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: Qwen-Omni: audio paths (one per audio part) and whether videos are heard with their sound.
+    audios: list[str] = field(default_factory=list)
+    use_audio_in_video: bool = False
+
+
+#: Record field: hear each video with its sound track (Qwen-Omni; the name Qwen's own tools use).
+USE_AUDIO_IN_VIDEO = "use_audio_in_video"
+
+
+def check_use_audio_in_video(value: Any) -> bool:
+    """A record's ``use_audio_in_video``: absent/None is False, else it must be a bool.
+
+    Example: ``True`` -> True; ``"yes"`` -> BadSampleError("malformed_conversation").
+    """
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise BadSampleError("malformed_conversation", f"{USE_AUDIO_IN_VIDEO}={value!r} must be true or false")
 
 
 def stored_conversation(record: ChatRecord) -> bytes:
     """The ``<key>.json`` part of a record: its typed messages as a JSON list, or, when the record
-    has ``tools`` or ``chat_template_kwargs``, an object ``{"messages": [...], "tools": [...],
-    "chat_template_kwargs": {...}}`` holding those present (docs/on_disk_format.md).
+    has ``tools``, ``chat_template_kwargs`` or ``use_audio_in_video``, an object ``{"messages": [...],
+    "tools": [...], "chat_template_kwargs": {...}, "use_audio_in_video": true}`` holding those
+    present (docs/on_disk_format.md).
 
     Example: a record without tools -> ``b'[{"role": "user", ...}, ...]'`` (as before tool use existed).
     """
-    extra = {name: value for name in ("tools", "chat_template_kwargs") if (value := getattr(record, name))}
+    extra = {name: value for name in ("tools", "chat_template_kwargs", USE_AUDIO_IN_VIDEO) if (value := getattr(record, name))}
     document: Any = {"messages": record.messages, **extra} if extra else record.messages
     return json.dumps(document, ensure_ascii=False).encode("utf-8")
 
@@ -369,27 +390,33 @@ class StoredConversation:
     messages: list[Message]
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    use_audio_in_video: bool = False
 
 
-def parse_stored_conversation(document: Any, *, num_images: int, num_videos: int) -> StoredConversation:
+def parse_stored_conversation(
+    document: Any, *, num_images: int, num_videos: int, num_audios: int = 0
+) -> StoredConversation:
     """Validate a decoded ``<key>.json`` part: a list of messages, or an object with ``messages``
     (or ``conversations``) and optional ``tools`` / ``chat_template_kwargs``.
 
     Example: ``{"messages": [...], "tools": [{...}]}`` -> ``StoredConversation(messages=[...], tools=[{...}])``.
     """
     tools = options = None
+    hear_videos = False
     if isinstance(document, Mapping):
         tools = check_tools(document.get("tools"))
         options = check_template_options(document.get("chat_template_kwargs"))
+        hear_videos = check_use_audio_in_video(document.get(USE_AUDIO_IN_VIDEO))
         document = document.get("messages", document.get("conversations"))
         if document is None:
             raise BadSampleError("malformed_conversation", "conversation object has neither 'messages' nor 'conversations'")
-    messages = normalize_conversation(document, num_images=num_images, num_videos=num_videos)
-    return StoredConversation(messages, tools, options)
+    messages = normalize_conversation(document, num_images=num_images, num_videos=num_videos, num_audios=num_audios)
+    return StoredConversation(messages, tools, options, hear_videos)
 
 
 def parse_record(record: Any) -> ChatRecord:
-    """Parse an input record (messages/images/videos, ShareGPT/LLaVA, or typed parts).
+    """Parse an input record (messages/images/videos/audios, ShareGPT/LLaVA, or typed parts; Qwen-Omni
+    records may set ``use_audio_in_video``).
 
     Example: ``{"id": "a", "messages": [{"role": "user", "content": "<image>What?"},
     {"role": "assistant", "content": "A cat."}], "images": ["a.jpg"]}`` -> ``ChatRecord(id="a", ...)``.
@@ -406,8 +433,10 @@ def parse_record(record: Any) -> ChatRecord:
         raise BadSampleError("malformed_conversation", "record has neither 'messages' nor 'conversations'")
     images = _as_list(record.get("images", record.get("image")))
     videos = _as_list(record.get("videos", record.get("video")))
-    typed = normalize_conversation(messages, num_images=len(images), num_videos=len(videos))
+    audios = _as_list(record.get("audios", record.get("audio")))
+    typed = normalize_conversation(messages, num_images=len(images), num_videos=len(videos), num_audios=len(audios))
     return ChatRecord(
         id=None if raw_id is None else str(raw_id), messages=typed, images=images, videos=videos,
         tools=check_tools(record.get("tools")), chat_template_kwargs=check_template_options(record.get("chat_template_kwargs")),
+        audios=audios, use_audio_in_video=check_use_audio_in_video(record.get(USE_AUDIO_IN_VIDEO)),
     )

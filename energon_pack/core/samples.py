@@ -4,8 +4,8 @@ compressed media), and the member names of our own on-disk format.
 The readers (our format's ``QwenVLChatWebdataset`` among them) live in ``energon_pack.formats``.
 On disk (WebDataset) one sample is ``<key>.json`` (the conversation: a list of messages, or an
 object holding them with the record's ``tools`` and ``chat_template_kwargs``) plus
-``<key>.<i>.<ext>`` media files: images (``IMAGE_EXTENSIONS``) and videos (``VIDEO_EXTENSIONS``),
-numbered from 0 per kind. Media stay compressed bytes: nothing is decoded when loading.
+``<key>.<i>.<ext>`` media files: images (``IMAGE_EXTENSIONS``), videos (``VIDEO_EXTENSIONS``) and
+audios (``AUDIO_EXTENSIONS``, Qwen-Omni), numbered from 0 per kind. Media stay compressed bytes: nothing is decoded when loading.
 """
 
 # No `from __future__ import annotations`: Energon reads ``QwenVLChatSample``'s field annotations
@@ -22,6 +22,9 @@ from energon_pack.core.conversation import Message
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 #: Video file extensions (containers PyAV demuxes; audio streams are ignored).
 VIDEO_EXTENSIONS = ("mp4", "m4v", "webm", "mkv", "mov", "avi")
+#: Audio file extensions (Qwen-Omni; containers PyAV demuxes, the first audio stream is read).
+#: An audio-only WebM is stored as ``.weba`` (``.webm`` members are videos).
+AUDIO_EXTENSIONS = ("wav", "flac", "mp3", "m4a", "aac", "ogg", "oga", "opus", "weba")
 CONVERSATION_PART = "json"
 
 
@@ -50,6 +53,10 @@ class QwenVLChatSample(Sample):
     tools: Optional[list] = None
     #: The record's chat template options (over the dataset's ``RowLayout.chat_template_kwargs``), else None.
     chat_template_kwargs: Optional[dict] = None
+    #: Qwen-Omni: compressed audio files (WAV, FLAC, MP3, AAC/M4A, Ogg, WebM bytes) in placeholder order, else None.
+    audios: Optional[list] = None
+    #: Qwen-Omni: hear each video with its sound track (the record's ``use_audio_in_video``).
+    use_audio_in_video: bool = False
 
 
 def media_part_name(index: int, extension: str) -> str:

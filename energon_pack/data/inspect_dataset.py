@@ -173,12 +173,13 @@ def format_lines(dataset: str | Path, *, split: str = "train") -> list[str]:
     return lines
 
 
-def run_inspect(dataset: Path, *, split: str = "train", limit: int | None = None) -> int:
-    """Print what a dataset read in place is (:func:`format_lines`), then the dataset summary table."""
+def run_inspect(dataset: Path, *, split: str = "train", limit: int | None = None, processor: Any = None) -> int:
+    """Print what a dataset read in place is (:func:`format_lines`), then the dataset summary table
+    (token counts for ``processor``; None: the offline Qwen2.5-VL one)."""
     check_dataset_path(dataset, split=split)
     for line in format_lines(dataset, split=split):
         print(line)
-    rows, source = summarize_with_source(dataset, split=split, limit=limit)
+    rows, source = summarize_with_source(dataset, split=split, limit=limit, processor=processor)
     print(format_table(rows))
     print(source)
     return 0

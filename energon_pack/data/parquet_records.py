@@ -16,6 +16,8 @@ way it writes JSON records:
   shard members byte for byte (``TableInput.with_media`` streams them again when the record is
   written, value by value with ``data.parquet_pages``, so memory holds about one record's media);
   a path alone is read from ``--media-root`` as a JSON record's path is;
+- an audio column (``audios``/``audio``; Qwen-Omni) holds items of the same forms (the ``datasets``
+  Audio feature stores ``{"bytes", "path"}``), becoming the record's ``audios``;
 - every other column is passed through as a record field (``id``, ``tools``, ...).
 
 The record's ``images``/``videos`` hold each item's path, or ``<column>[i]`` for embedded bytes
@@ -37,7 +39,7 @@ from energon_pack.data.parquet_pages import CorruptPage, UnsupportedPage, leaf_i
 from energon_pack.errors import BadSampleError, UsageError
 
 CONVERSATION_COLUMNS = ("messages", "conversations", "texts")
-MEDIA_COLUMNS = {"image": ("images", "image"), "video": ("videos", "video")}
+MEDIA_COLUMNS = {"image": ("images", "image"), "video": ("videos", "video"), "audio": ("audios", "audio")}
 #: Rows per record batch read at a time: memory holds one batch of one row group, not the file.
 BATCH_ROWS = 64
 #: One row's media: by kind, each item's ``(path, bytes)`` (either may be None).
@@ -49,6 +51,11 @@ DATASET_DICT_FILE = "dataset_dict.json"
 IMAGE_FORMAT_EXTENSIONS = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif"}
 VIDEO_CONTAINER_EXTENSIONS = {"mov,mp4,m4a,3gp,3g2,mj2": "mp4", "matroska,webm": "mkv", "avi": "avi"}
 WEBM_CODECS = ("vp8", "vp9", "av1")
+#: Audio demuxer (FFmpeg) -> file extension, for embedded audio without a path (WebM audio: ``weba``).
+AUDIO_CONTAINER_EXTENSIONS = {
+    "wav": "wav", "flac": "flac", "mp3": "mp3", "mov,mp4,m4a,3gp,3g2,mj2": "m4a", "aac": "aac", "ogg": "ogg",
+    "matroska,webm": "weba",
+}
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class TableColumns:
     conversation: str | None = None
     image: str | None = None
     video: str | None = None
+    audio: str | None = None
 
 
 def is_table_input(path: Path) -> bool:
@@ -117,12 +125,14 @@ def embedded_extension(item: EmbeddedMedia, kind: str, header: Any, allowed: tup
         return suffix
     if kind == "image":
         extension = IMAGE_FORMAT_EXTENSIONS.get(header.format)
+    elif kind == "audio":
+        extension = AUDIO_CONTAINER_EXTENSIONS.get(header.container)
     else:
         extension = VIDEO_CONTAINER_EXTENSIONS.get(header.container)
         if extension == "mkv" and header.codec in WEBM_CODECS:
             extension = "webm"
     if extension is None:
-        found = header.format if kind == "image" else header.container
+        found = header.format if kind == "image" else header.container  # videos and audios: the demuxer
         raise BadSampleError(
             "unsupported_media", f"embedded {kind} {item.path or ''!r} is {found}; store one of {', '.join(allowed)}"
         )
@@ -293,7 +303,7 @@ class TableInput:
 
     def _detect(self, columns: TableColumns) -> _Layout:
         names = self._schema_names(self.files[0])
-        options = {"conversation": columns.conversation, "image": columns.image, "video": columns.video}
+        options = {"conversation": columns.conversation, "image": columns.image, "video": columns.video, "audio": columns.audio}
         for kind, name in options.items():
             if name and name not in names:
                 raise UsageError(
@@ -405,7 +415,8 @@ class TableInput:
             conversation = texts_to_messages(conversation, len(names.get("image", [])))
         for column in ("messages", "conversations"):
             record.pop(column, None)
-        return {**record, "messages": conversation, "images": names.get("image", []), "videos": names.get("video", [])}
+        audios = {"audios": names["audio"]} if names.get("audio") else {}  # Qwen-Omni tables (the Audio feature)
+        return {**record, "messages": conversation, "images": names.get("image", []), "videos": names.get("video", []), **audios}
 
     def with_media(self, placed: Sequence[Any]) -> Iterator[Any]:
         """The placed records (``prepare.PlacedRecord``, in row order) with their embedded media

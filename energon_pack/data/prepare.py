@@ -54,6 +54,7 @@ from energon_pack.data.parquet_records import (
 from energon_pack.errors import BadSampleError, UsageError
 from energon_pack.core.samples import (
     CONVERSATION_PART,
+    AUDIO_EXTENSIONS,
     IMAGE_EXTENSIONS,
     VIDEO_EXTENSIONS,
     media_part_name,
@@ -237,6 +238,8 @@ def resolve_media_path(media_root: Path, relative: str) -> Path:
 
 def _media_extension(path: Path, allowed: tuple[str, ...], kind: str) -> str:
     extension = path.suffix.lower().lstrip(".")
+    if kind == "audio" and extension == "webm":
+        extension = "weba"  # a .webm member is a video; audio-only WebM is stored as .weba
     if extension not in allowed:
         raise BadSampleError(
             "unsupported_media", f"{kind} {path.name!r} has extension {extension!r}; use one of {', '.join(allowed)}"
@@ -247,9 +250,12 @@ def _media_extension(path: Path, allowed: tuple[str, ...], kind: str) -> str:
 def _check_media_header(data: bytes, kind: str, name: str, *, max_image_pixels: int) -> Any:
     """The header facts of one media file (``qwen.media.ImageInfo`` / ``VideoInfo``); a bad header is
     ``unreadable_media`` whose detail starts with the loader's reason (``pixel_bomb``, ``unsupported_codec``...)."""
+    from energon_pack.qwen.audio import probe_audio
     from energon_pack.qwen.media import probe_image, probe_video
 
     try:
+        if kind == "audio":
+            return probe_audio(data)
         return probe_image(data, max_pixels=max_image_pixels) if kind == "image" else probe_video(data)
     except ValueError as err:
         raise BadSampleError("unreadable_media", f"{kind} {name!r}: {err}") from None
@@ -259,9 +265,13 @@ def _check_media_decodes(data: bytes, kind: str, name: str, header: Any) -> None
     """Decode every pixel of an image, or every frame of a video (``--verify-media``)."""
     from energon_pack.qwen.pixels import decode_image, decode_video_frames
 
+    from energon_pack.qwen.audio import decode_audio
+
     try:
         if kind == "image":
             decode_image(data)
+        elif kind == "audio":
+            decode_audio(data, expected_samples=header.samples)
         else:
             decode_video_frames(data, (0,), header.num_frames, seek=False)
     except BadSampleError as err:
@@ -270,7 +280,7 @@ def _check_media_decodes(data: bytes, kind: str, name: str, header: Any) -> None
 
 def media_kind(kind: str, extension: str, header: Any) -> tuple[str, str, str]:
     """The report's (kind, format, codec) of one media file: images by PIL format (codec ``-``),
-    videos by file extension and decoder name.
+    videos and audios by file extension and decoder name.
 
     Example: ``("video", "webm", <VideoInfo codec="vp9">)`` -> ``("video", "webm", "vp9")``;
     ``("image", "jpg", <ImageInfo format="MPO">)`` -> ``("image", "MPO", "-")``.
@@ -298,7 +308,10 @@ def build_wds_sample(
     sample[CONVERSATION_PART] = stored_conversation(record)
     kinds: list[tuple[str, str, str]] = []
     oriented = 0
-    for kind, paths, allowed in (("image", record.images, IMAGE_EXTENSIONS), ("video", record.videos, VIDEO_EXTENSIONS)):
+    for kind, paths, allowed in (
+        ("image", record.images, IMAGE_EXTENSIONS), ("video", record.videos, VIDEO_EXTENSIONS),
+        ("audio", record.audios, AUDIO_EXTENSIONS),
+    ):
         for index, relative in enumerate(paths):
             item = None if embedded is None else embedded.get((kind, index))
             if item is None:

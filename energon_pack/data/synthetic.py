@@ -126,6 +126,75 @@ def encode_video(
     return buffer.getvalue()
 
 
+#: Audio codecs of the synthetic clips: name -> (container format, codec, sample format fed to the
+#: encoder, file extension); the containers and codecs Qwen-Omni users ship (docs/omni.md).
+AUDIO_CODECS: dict[str, tuple[str, str, str, str]] = {
+    "wav_s16": ("wav", "pcm_s16le", "s16", "wav"),
+    "wav_s24": ("wav", "pcm_s24le", "s32", "wav"),
+    "wav_f32": ("wav", "pcm_f32le", "flt", "wav"),
+    "flac": ("flac", "flac", "s16", "flac"),
+    "mp3": ("mp3", "libmp3lame", "fltp", "mp3"),
+    "m4a_aac": ("ipod", "aac", "fltp", "m4a"),
+    "ogg_opus": ("ogg", "libopus", "s16", "ogg"),
+    "ogg_vorbis": ("ogg", "vorbis", "fltp", "ogg"),
+    "webm_opus": ("webm", "libopus", "s16", "webm"),
+}
+
+
+def audio_tone(seconds: float, rate: int, channels: int = 1, seed: int = 0) -> np.ndarray:
+    """A float32 [channels, n] signal of ``seconds`` at ``rate`` Hz: a chirp plus a little noise
+    (channel c at 1 - 0.2 c of the chirp). Example: ``audio_tone(1.0, 16000).shape`` -> ``(1, 16000)``."""
+    n = int(round(seconds * rate))
+    t = np.arange(n) / rate
+    rng = np.random.default_rng(seed)
+    base = 0.3 * np.sin(2 * np.pi * (220 + 400 * t) * t)
+    return np.stack([base * (1 - 0.2 * c) + 0.05 * rng.standard_normal(n) for c in range(channels)]).astype(np.float32)
+
+
+def audio_frames(signal: np.ndarray, rate: int, sample_format: str, frame_size: int) -> list[Any]:
+    """``signal`` float32 [channels, n] as PyAV audio frames of ``frame_size`` samples in
+    ``sample_format`` (``s16``/``s32`` scaled to integers; planar when it ends in ``p``), timestamped."""
+    import av
+
+    channels = signal.shape[0]
+    layout = "mono" if channels == 1 else "stereo"
+    planar = sample_format.endswith("p")
+    frames, pts = [], 0
+    for start in range(0, signal.shape[1], frame_size):
+        block = signal[:, start : start + frame_size]
+        if sample_format.startswith("s16"):
+            block = np.clip(np.round(block * 32767), -32768, 32767).astype(np.int16)
+        elif sample_format.startswith("s32"):
+            block = np.round(block * 2147483647.0 * 0.99).astype(np.int32)
+        data = block if planar else block.T.reshape(1, -1)
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(data), format=sample_format, layout=layout)
+        frame.sample_rate, frame.pts, frame.time_base = rate, pts, Fraction(1, rate)
+        pts += block.shape[1]
+        frames.append(frame)
+    return frames
+
+
+def encode_audio(signal: np.ndarray, rate: int, codec: str) -> bytes:
+    """The file bytes of ``signal`` (float32 [channels, n], mono or stereo) at ``rate`` Hz encoded as
+    ``AUDIO_CODECS[codec]`` with PyAV. Example: ``encode_audio(audio_tone(1.0, 16000), 16000, "flac")``
+    -> a FLAC file of 16000 samples."""
+    import av
+
+    container_format, codec_name, sample_format, _ = AUDIO_CODECS[codec]
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container_format) as container:
+        stream = container.add_stream(codec_name, rate=rate, layout="mono" if signal.shape[0] == 1 else "stereo")
+        if codec_name == "vorbis":
+            stream.codec_context.options = {"strict": "-2"}
+        frame_size = stream.codec_context.frame_size or 1024
+        for frame in audio_frames(signal, rate, sample_format, frame_size):
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return buffer.getvalue()
+
+
 def _smooth_pixels(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     """Gradient plus mild noise: compresses like a photo, not like white noise."""
     ys = np.linspace(0, 1, height, dtype=np.float32)[:, None, None]

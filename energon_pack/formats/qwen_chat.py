@@ -1,7 +1,7 @@
 """Our own format: a WebDataset prepared by ``energon-pack prepare`` (docs/on_disk_format.md).
 
-One sample is ``<key>.json`` (the conversation) plus ``<key>.<i>.<ext>`` media files, numbered
-from 0 per kind; dataset.yaml names ``energon_pack.QwenVLChatWebdataset``. Worked example (a
+One sample is ``<key>.json`` (the conversation) plus ``<key>.<i>.<ext>`` media files (images,
+videos, audios: the kind is the extension), numbered from 0 per kind; dataset.yaml names ``energon_pack.QwenVLChatWebdataset``. Worked example (a
 sample in, our record form out)::
 
     chat_fields_from_parts({"json": b'[{"role": "user", "content": "<image>Hi"},'
@@ -23,6 +23,7 @@ from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
 from energon_pack.core.conversation import decode_conversation_json, parse_stored_conversation
 from energon_pack.core.energon_fixes import forget_read_tar_members
 from energon_pack.core.samples import (
+    AUDIO_EXTENSIONS,
     CONVERSATION_PART,
     IMAGE_EXTENSIONS,
     VIDEO_EXTENSIONS,
@@ -57,24 +58,30 @@ def _indexed_parts(parts: dict[str, Any], extensions: tuple[str, ...]) -> list[b
 def is_chat_part(part: str) -> bool:
     """Part filter: the conversation and media files; other parts are not read from the tar."""
     extension = part.rpartition(".")[2].lower()
-    return part == CONVERSATION_PART or extension in IMAGE_EXTENSIONS + VIDEO_EXTENSIONS
+    return part == CONVERSATION_PART or extension in IMAGE_EXTENSIONS + VIDEO_EXTENSIONS + AUDIO_EXTENSIONS
 
 
 def chat_fields_from_parts(parts: dict[str, Any]) -> dict[str, Any]:
     """Build ``QwenVLChatSample`` fields from raw WebDataset parts (bytes, no decoding)."""
     images = _indexed_parts(parts, IMAGE_EXTENSIONS)
     videos = _indexed_parts(parts, VIDEO_EXTENSIONS)
+    # Audio fields only when the sample has audio: samples without keep the fields they always had.
+    audios = _indexed_parts(parts, AUDIO_EXTENSIONS)
+    heard = {"audios": audios} if audios else {}
     try:
         if CONVERSATION_PART not in parts:
             raise BadSampleError("malformed_conversation", "sample has no .json conversation part")
         stored = parse_stored_conversation(
-            decode_conversation_json(parts[CONVERSATION_PART]), num_images=len(images), num_videos=len(videos)
+            decode_conversation_json(parts[CONVERSATION_PART]), num_images=len(images), num_videos=len(videos),
+            num_audios=len(audios),
         )
     except BadSampleError as err:
-        return dict(conversation=[], images=images, videos=videos, invalid_reason=err.reason, invalid_detail=err.detail)
+        return dict(conversation=[], images=images, videos=videos, invalid_reason=err.reason, invalid_detail=err.detail, **heard)
+    if stored.use_audio_in_video:
+        heard["use_audio_in_video"] = True
     return dict(
         conversation=stored.messages, images=images, videos=videos, invalid_reason=None, invalid_detail=None,
-        tools=stored.tools, chat_template_kwargs=stored.chat_template_kwargs,
+        tools=stored.tools, chat_template_kwargs=stored.chat_template_kwargs, **heard,
     )
 
 

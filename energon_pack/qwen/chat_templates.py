@@ -37,32 +37,53 @@ OFFICIAL_TEMPLATE_FILES = {
     "qwen3.5": "qwen3_6.jinja",
 }
 
-# A message's content as text: a string as is, typed parts one by one (media as vision markers).
-_MESSAGE_TEXT = (
-    "{%- if message['content'] is string -%}"
-    "{{ message['content'] }}"
-    "{%- else -%}"
-    "{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{%- elif part['type'] == 'video' -%}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
-    "{%- elif part['type'] == 'text' -%}{{ part['text'] }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-)
+# A message's content as text: a string as is, typed parts one by one (media as their markers).
+def _message_text(markers: dict[str, str]) -> str:
+    media = "".join(
+        "{%- " + ("if" if index == 0 else "elif") + f" part['type'] == '{kind}' -%}}{{{{ '{marker}' }}}}"
+        for index, (kind, marker) in enumerate(markers.items())
+    )
+    return (
+        "{%- if message['content'] is string -%}"
+        "{{ message['content'] }}"
+        "{%- else -%}"
+        "{%- for part in message['content'] -%}"
+        + media
+        + "{%- elif part['type'] == 'text' -%}{{ part['text'] }}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+        "{%- endif -%}"
+    )
 
-# ChatML; ``default_system`` is bound by chat_template_for.
-_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' and default_system -%}"
-    "{{ '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}"
-    "{%- endif -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    + _MESSAGE_TEXT
-    + "{{ '<|im_end|>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
-)
+
+#: Media markers of the Qwen-VL templates, and of Qwen2.5-Omni's (which has an audio part too).
+VL_MARKERS = {
+    "image": "<|vision_start|><|image_pad|><|vision_end|>",
+    "video": "<|vision_start|><|video_pad|><|vision_end|>",
+}
+QWEN25_OMNI_MARKERS = {
+    "image": "<|vision_bos|><|IMAGE|><|vision_eos|>",
+    "video": "<|vision_bos|><|VIDEO|><|vision_eos|>",
+    "audio": "<|audio_bos|><|AUDIO|><|audio_eos|>",
+}
+
+
+def _chat_template(markers: dict[str, str]) -> str:
+    """ChatML with these media markers; ``default_system`` is bound by chat_template_for."""
+    return (
+        "{%- for message in messages -%}"
+        "{%- if loop.first and message['role'] != 'system' and default_system -%}"
+        "{{ '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}"
+        "{%- endif -%}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        + _message_text(markers)
+        + "{{ '<|im_end|>\\n' }}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+    )
+
+
+_CHAT_TEMPLATE = _chat_template(VL_MARKERS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,4 +106,5 @@ def chat_template_for(family: str) -> str:
     """
     if family in ("qwen3-vl", "qwen3.5"):
         return official_chat_template(family)
-    return "{%- set default_system = " + repr(DEFAULT_SYSTEM_PROMPT) + " -%}" + _CHAT_TEMPLATE
+    body = _chat_template(QWEN25_OMNI_MARKERS) if family == "qwen2.5-omni" else _CHAT_TEMPLATE
+    return "{%- set default_system = " + repr(DEFAULT_SYSTEM_PROMPT) + " -%}" + body

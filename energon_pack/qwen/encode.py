@@ -18,13 +18,17 @@ from typing import Any
 
 import torch
 
+from energon_pack.qwen.audio import AudioSpec, audio_features, decode_audio, probe_audio
+from energon_pack.qwen.family import OMNI_FAMILIES, processor_family
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
-from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_frame_list, probe_image, probe_video
+from energon_pack.qwen.media import BadMediaError, ImageInfo, VideoInfo, probe_frame_list, probe_image, probe_video
+from energon_pack.qwen.omni_rope import OmniRopeSpec, audio_token_count, omni_position_ids
 from energon_pack.qwen.pixels import ImagePatcher, PixelSlots, VideoPatcher, image_pixels, video_pixels
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
 from energon_pack.qwen.template import (
     ChatMarkers,
+    SoundTokens,
     SplitTokenizer,
     TokenizedConversation,
     VideoTiming,
@@ -34,6 +38,8 @@ from energon_pack.qwen.template import (
     tokenize_conversation,
 )
 from energon_pack.core.stage_times import timed
+from energon_pack.errors import BadSampleError
+from energon_pack.core.audio_inputs import AudioInputs
 from energon_pack.core.visual import VisualInputs
 
 __all__ = ["EncodedChat", "PreparedChat", "QwenChatEncoder"]
@@ -69,14 +75,86 @@ class PreparedChat:
     video_max_frames: int | None = None
     #: Token count before a shrink lowered those limits, else None.
     tokens_before_shrink: int | None = None
+    #: Qwen-Omni: where each heard sound comes from, in token order (i >= 0: ``audios[i]``;
+    #: -1 - j: the sound track of ``videos[j]``), and its length in model-rate samples (uncapped).
+    audio_sources: list[int] | None = None
+    audio_samples: list[int] | None = None
+    #: Qwen-Omni: whether the videos are heard with their sound (the record's ``use_audio_in_video``).
+    use_audio_in_video: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class EncodedChat:
-    """The pixel side of one chat: rope positions int64 [3, L] and the visual payload."""
+    """The pixel side of one chat: rope positions int64 [3, L], the visual payload and (Qwen-Omni
+    samples that hear audio) the audio payload."""
 
     mrope_position_ids: torch.Tensor
     visual: VisualInputs
+    audio: AudioInputs | None = None
+
+
+#: Frames per second ``Qwen2_5OmniProcessor`` takes for a video's seconds per grid step
+#: (``temporal_patch_size / fps``) when no ``fps`` is passed to it: its hard-coded 2.0.
+OMNI_VIDEO_FPS = 2.0
+
+
+@dataclass(frozen=True)
+class OmniHearing:
+    """What a Qwen-Omni processor hears with: its feature extractor, the audio spec (capped at
+    ``max_audio_seconds``), whether a longer audio is trimmed (else skipped) and the rope constants."""
+
+    extractor: Any
+    spec: AudioSpec
+    trim: bool
+    rope: OmniRopeSpec
+
+    @classmethod
+    def of(cls, processor: Any, *, max_audio_seconds: float | None, trim: bool) -> OmniHearing | None:
+        """None for a processor of a family that hears nothing (Qwen-VL)."""
+        if processor_family(processor) not in OMNI_FAMILIES:
+            return None
+        spec = AudioSpec.from_feature_extractor(processor.feature_extractor)
+        if max_audio_seconds is not None:
+            cap = int(max_audio_seconds * spec.sampling_rate)
+            if not 0 < cap <= spec.max_samples:
+                raise ValueError(
+                    f"max_audio_seconds={max_audio_seconds} must be in (0, {spec.max_seconds:g}]: the model reads at most "
+                    f"{spec.max_seconds:g} s of an audio (its feature extractor's n_samples); fix: lower it"
+                )
+            spec = AudioSpec(sampling_rate=spec.sampling_rate, hop_length=spec.hop_length, max_samples=cap, n_mels=spec.n_mels)
+        return cls(extractor=processor.feature_extractor, spec=spec, trim=trim, rope=OmniRopeSpec.from_processor(processor))
+
+    def samples(self, data: bytes) -> int:
+        """Model-rate samples of one audio file or video sound track; over the cap: skipped
+        (``audio_too_long``) unless trimmed."""
+        samples = probe_audio(data, self.spec, count_up_to=self.spec.max_samples).samples
+        if self.tokens(samples) == 0:
+            raise BadMediaError(
+                "empty_audio",
+                f"audio of {samples} samples ({samples / self.spec.sampling_rate * 1000:.0f} ms) gives the model no "
+                "token (it needs 3 feature frames, 30 ms); fix: drop the clip",
+            )
+        if samples > self.spec.max_samples and not self.trim:
+            raise BadMediaError(
+                "audio_too_long",
+                f"audio of {samples / self.spec.sampling_rate:.1f} s is over max_audio_seconds={self.spec.max_seconds:g}; "
+                "fix: cut the clip, raise max_audio_seconds, or set on_overlong_audio='trim' to keep its start",
+            )
+        return samples
+
+    def tokens(self, samples: int) -> int:
+        """LLM tokens of an audio of ``samples`` model-rate samples (capped)."""
+        return audio_token_count(self.spec.feature_frames(samples))
+
+
+@dataclass(frozen=True)
+class _Hearing:
+    """The sounds of one Omni sample in token order: sources (see ``PreparedChat.audio_sources``),
+    model-rate samples of each, and the sample's number of videos."""
+
+    sources: list[int]
+    samples: list[int]
+    videos: int
 
 
 class QwenChatEncoder:
@@ -95,6 +173,8 @@ class QwenChatEncoder:
     ``decode_threads``: FFmpeg decoder threads per video (same frames with any count).
     ``chat_template_kwargs``: the dataset's template options (``RowLayout.chat_template_kwargs``),
     under each record's own; an option the processor's template never reads is a ValueError here.
+    ``max_audio_seconds`` / ``trim_long_audio`` (Qwen-Omni): audio over the cap (None: the model's
+    300 s) keeps its first ``max_audio_seconds`` (trim) or is skipped as ``audio_too_long``.
     """
 
     def __init__(
@@ -108,6 +188,8 @@ class QwenChatEncoder:
         max_image_pixels: int | None = None,
         decode_threads: int = 1,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        max_audio_seconds: float | None = None,
+        trim_long_audio: bool = True,
     ) -> None:
         self.processor = processor
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -122,8 +204,11 @@ class QwenChatEncoder:
         self.vision = VisionSpec.from_processor(processor)
         self.rope_spec = rope_spec or RopeSpec.from_processor(processor)
         self.markers = ChatMarkers.from_tokenizer(processor.tokenizer)
+        #: Qwen-Omni: the audio side (None for Qwen-VL processors).
+        self.hearing = OmniHearing.of(processor, max_audio_seconds=max_audio_seconds, trim=trim_long_audio)
         #: Text between placeholders in one tokenizer call (None: ``tokenize_conversation``).
-        self._split_tokenizer = SplitTokenizer(processor, self.markers) if SplitTokenizer.applies(processor) else None
+        splits = self.hearing is None and SplitTokenizer.applies(processor)
+        self._split_tokenizer = SplitTokenizer(processor, self.markers) if splits else None
         self.uint8_pixels = uint8_pixels
         #: Image patches straight into the row payload (uint8 only; None: the image processor's own path).
         self._patcher = ImagePatcher.for_processor(processor) if uint8_pixels else None
@@ -146,6 +231,8 @@ class QwenChatEncoder:
         tools: Sequence[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         fits: Callable[[int, MediaGeometry], bool] | None = None,
+        audios: Sequence[bytes] = (),
+        use_audio_in_video: bool = False,
     ) -> PreparedChat:
         """Tokens and grids from media headers: image sizes, video frame count/rate; no pixels decoded.
 
@@ -154,7 +241,12 @@ class QwenChatEncoder:
 
         With ``fits`` (token count, media geometry -> whether the sample fits one row), a sample
         that does not fit is shrunk: its image pixel budget, then its video frames, are lowered
-        to the largest setting that fits (``qwen.fit.shrink_limits``); left as it is when none does.
+        to the largest setting that fits (``qwen.fit.shrink_limits``); left as it is when none does
+        (Qwen-VL only: a Qwen-Omni sample is left as it is).
+
+        ``audios`` (Qwen-Omni): the audio files of the ``{"type": "audio"}`` parts; with
+        ``use_audio_in_video`` each video with a sound track is heard with it (its tokens
+        interleaved by the processor); a video without one is skipped as ``video_without_audio``.
         """
         with timed("probe"):
             image_infos = [
@@ -168,9 +260,10 @@ class QwenChatEncoder:
             ]
         geometry = media_geometry(image_infos, video_infos, self.vision)
         chat = _Chat(conversation, tools, {**self.chat_template_kwargs, **(chat_template_kwargs or {})})
-        tokens = self._tokenize(chat, geometry)
+        hearing = self._hearing(conversation, audios, videos, video_infos, use_audio_in_video)
+        tokens = self._tokenize(chat, geometry, hearing)
         limits = tokens_before_shrink = None
-        if fits is not None and not fits(len(tokens.input_ids), geometry):
+        if fits is not None and hearing is None and not fits(len(tokens.input_ids), geometry):
             limits = self._shrink_limits(image_infos, video_infos, geometry, len(tokens.input_ids), fits)
             if limits is not None:
                 tokens_before_shrink = len(tokens.input_ids)
@@ -187,15 +280,82 @@ class QwenChatEncoder:
             image_max_pixels=None if limits is None else limits.image_max_pixels,
             video_max_frames=None if limits is None else limits.max_frames,
             tokens_before_shrink=tokens_before_shrink,
+            **({} if hearing is None else {
+                "audio_sources": hearing.sources, "audio_samples": hearing.samples,
+                "use_audio_in_video": use_audio_in_video,
+            }),
         )
 
-    def _tokenize(self, chat: _Chat, geometry: MediaGeometry) -> TokenizedConversation:
+    def _hearing(
+        self,
+        conversation: Sequence[dict[str, Any]],
+        audios: Sequence[bytes],
+        videos: Sequence[Any],
+        video_infos: Sequence[VideoInfo],
+        use_audio_in_video: bool,
+    ) -> _Hearing | None:
+        """The sounds a Qwen-Omni sample hears, in token order (None for Qwen-VL processors).
+
+        Raises ``BadSampleError``: ``audio_not_supported`` (audio for a processor that hears none),
+        ``video_without_audio`` (a video heard with its sound has no sound track), bad audio."""
+        if self.hearing is None:
+            if audios or use_audio_in_video:
+                raise BadSampleError(
+                    "audio_not_supported",
+                    f"the sample has {len(audios)} audio(s) / use_audio_in_video={use_audio_in_video} but "
+                    f"{type(self.processor).__name__} is a vision-only processor; fix: train a Qwen-Omni model "
+                    "(load_processor(family='qwen2.5-omni')), or drop the audio",
+                )
+            return None
+        kinds = [part["type"] for message in conversation for part in message["content"] if part["type"] in ("audio", "video")]
+        if (kinds.count("audio"), kinds.count("video")) != (len(audios), len(videos)):
+            raise BadSampleError(
+                "placeholder_mismatch",
+                f"{kinds.count('audio')} audio and {kinds.count('video')} video placeholder(s) but {len(audios)} audio(s) "
+                f"and {len(videos)} video(s) given; put one <audio> / <video> (or typed part) per medium",
+            )
+        sources: list[int] = []
+        audio_index = video_index = 0
+        for kind in kinds:
+            if kind == "audio":
+                sources.append(audio_index)
+                audio_index += 1
+                continue
+            if use_audio_in_video:
+                if not video_infos[video_index].has_audio:
+                    raise BadSampleError(
+                        "video_without_audio",
+                        f"video {video_index} has no sound track but use_audio_in_video is set; fix: set "
+                        "use_audio_in_video false for this record, or store the video with its sound",
+                    )
+                sources.append(-1 - video_index)
+            video_index += 1
+        with timed("probe"):
+            samples = [self.hearing.samples(audios[i] if i >= 0 else videos[-1 - i]) for i in sources]
+        return _Hearing(sources=sources, samples=samples, videos=len(videos))
+
+    def _sound_tokens(self, hearing: _Hearing) -> SoundTokens:
+        tokens = dict(zip(hearing.sources, map(self.hearing.tokens, hearing.samples)))
+        return SoundTokens(
+            audios=tuple(tokens[i] for i in sorted(i for i in hearing.sources if i >= 0)),
+            videos=tuple(tokens.get(-1 - j) for j in range(hearing.videos)),
+            video_second_per_grid=self._video_second_per_grid(hearing.videos),
+        )
+
+    def _video_second_per_grid(self, videos: int) -> tuple[float, ...]:
+        """Seconds per temporal grid step of each of ``videos`` videos, as ``Qwen2_5OmniProcessor``
+        sets them: ``temporal_patch_size / 2.0`` (its fps when none is passed). Example: 2 -> (1.0, 1.0)."""
+        return (self.vision.temporal_patch_size / OMNI_VIDEO_FPS,) * videos
+
+    def _tokenize(self, chat: _Chat, geometry: MediaGeometry, hearing: _Hearing | None = None) -> TokenizedConversation:
         grids = dict(image_grid_thw=geometry.image_grid_thw, video_grid_thw=geometry.video_grid_thw, videos=geometry.timings)
         with timed("tokenise"):
             if self._split_tokenizer is not None:
                 return self._split_tokenizer(chat.messages, tools=chat.tools, options=chat.options, **grids)
+            sound = None if self.hearing is None else self._sound_tokens(hearing)
             return tokenize_conversation(
-                self.processor, chat.messages, markers=self.markers, tools=chat.tools, options=chat.options, **grids
+                self.processor, chat.messages, markers=self.markers, tools=chat.tools, options=chat.options,
+                sound=sound, **grids,
             )
 
     def _shrink_limits(
@@ -232,9 +392,11 @@ class QwenChatEncoder:
         videos: Sequence[bytes],
         *,
         slots: PixelSlots | None = None,
+        audios: Sequence[bytes] = (),
     ) -> EncodedChat:
         """Decode and patchify the media of a prepared chat, into ``slots`` of its row's pixel
-        payload when given; raises ``BadSampleError`` on bad media."""
+        payload when given, and (Qwen-Omni) its sounds into log-mel features; raises
+        ``BadSampleError`` on bad media."""
         slots = slots or PixelSlots()
         pixel_values = pixel_values_videos = None
         if images:
@@ -265,14 +427,26 @@ class QwenChatEncoder:
             if prepared.second_per_grid_ts is None
             else torch.tensor(prepared.second_per_grid_ts, dtype=torch.float32)
         )
+        audio = self._audio_inputs(prepared, audios, videos) if self.hearing is not None else None
         with timed("rope"):
-            mrope = mrope_position_ids(
-                prepared.input_ids,
-                spec=self.rope_spec,
-                image_grid_thw=prepared.image_grid_thw,
-                video_grid_thw=prepared.video_grid_thw,
-                second_per_grid_ts=seconds,
-            )
+            if self.hearing is not None:
+                mrope = omni_position_ids(
+                    prepared.input_ids,
+                    spec=self.hearing.rope,
+                    image_grid_thw=prepared.image_grid_thw,
+                    video_grid_thw=prepared.video_grid_thw,
+                    audio_feature_lengths=None if audio is None else audio.audio_feature_lengths,
+                    video_second_per_grid=self._video_second_per_grid(len(videos)),
+                    use_audio_in_video=prepared.use_audio_in_video,
+                )
+            else:
+                mrope = mrope_position_ids(
+                    prepared.input_ids,
+                    spec=self.rope_spec,
+                    image_grid_thw=prepared.image_grid_thw,
+                    video_grid_thw=prepared.video_grid_thw,
+                    second_per_grid_ts=seconds,
+                )
         visual = VisualInputs(
             pixel_values=pixel_values,
             image_grid_thw=prepared.image_grid_thw,
@@ -281,7 +455,19 @@ class QwenChatEncoder:
             second_per_grid_ts=seconds if self.rope_spec.family == "qwen2.5-vl" else None,
             **(self._normalisation_constants() if self.uint8_pixels and (images or videos) else {}),
         )
-        return EncodedChat(mrope_position_ids=mrope, visual=visual)
+        return EncodedChat(mrope_position_ids=mrope, visual=visual, audio=audio)
+
+    def _audio_inputs(self, prepared: PreparedChat, audios: Sequence[bytes], videos: Sequence[Any]) -> AudioInputs | None:
+        """Log-mel features [n_mels, sum of frames] and frames per sound of a prepared Omni chat (None: no sound)."""
+        if not prepared.audio_sources:
+            return None
+        features = []
+        with timed("audio"):
+            for source, samples in zip(prepared.audio_sources, prepared.audio_samples):
+                data = audios[source] if source >= 0 else videos[-1 - source]
+                waveform = decode_audio(data, self.hearing.spec, expected_samples=samples)
+                features.append(audio_features(waveform, self.hearing.extractor, self.hearing.spec))
+        return AudioInputs.of(features)
 
     def _normalisation_constants(self) -> dict[str, Any]:
         processor = self.processor.image_processor

@@ -1,4 +1,7 @@
-"""The Qwen-VL model families energon_pack supports, and how to tell a processor's family.
+"""The Qwen-VL and Qwen-Omni model families energon_pack supports, and how to tell a processor's family.
+
+Qwen2.5-Omni (``"qwen2.5-omni"``: the thinker's inputs) sees images and video as Qwen2.5-VL
+does and hears audio (docs/omni.md).
 
 Qwen3.5 and Qwen3.6 (dense ``qwen3_5`` and MoE ``qwen3_5_moe`` in transformers) form one family,
 ``"qwen3.5"``: they share one tokenizer and one processor. That processor uses the very classes of
@@ -16,12 +19,13 @@ __all__ = [
     "FAMILIES",
     "FAMILY_BY_MODEL_TYPE",
     "Family",
+    "OMNI_FAMILIES",
     "family_of_model_config",
     "processor_family",
     "vision_rules",
 ]
 
-Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5"]
+Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "qwen2.5-omni"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
 #: ``model_type`` of each supported Hugging Face VL config (the full config, not its text_config).
@@ -32,12 +36,17 @@ FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
     "qwen3_vl_moe": "qwen3-vl",
     "qwen3_5": "qwen3.5",
     "qwen3_5_moe": "qwen3.5",
+    "qwen2_5_omni": "qwen2.5-omni",
+    "qwen2_5_omni_thinker": "qwen2.5-omni",
 }
+#: Families whose models hear audio (docs/omni.md).
+OMNI_FAMILIES: tuple[Family, ...] = ("qwen2.5-omni",)
 #: ``<|image_pad|>`` id of the Qwen3.5 / Qwen3.6 vocabulary.
 QWEN35_IMAGE_PAD_ID = 248056
 
 # Class-name prefixes of the Hugging Face processors (matched along the MRO, so subclasses count).
 _PROCESSOR_PREFIXES: tuple[tuple[str, Family], ...] = (
+    ("Qwen2_5Omni", "qwen2.5-omni"),
     ("Qwen3VL", "qwen3-vl"),
     ("Qwen2_5_VL", "qwen2.5-vl"),
     ("Qwen2VL", "qwen2-vl"),
@@ -49,11 +58,12 @@ _QWEN3_VIDEO_PROCESSOR = "Qwen3VLVideoProcessor"
 def vision_rules(family: Family) -> Family:
     """The family whose geometry, rope and template rules ``family`` follows.
 
-    The one place where Qwen3.5 is mapped onto Qwen3-VL: VisionSpec, RopeSpec and the chat
+    The one place where Qwen3.5 is mapped onto Qwen3-VL (and Qwen2.5-Omni's vision onto
+    Qwen2.5-VL's: the same image and video processors): VisionSpec, RopeSpec and the chat
     template ask this, never ``family == "qwen3-vl"``.
-    Example: ``"qwen3.5"`` -> ``"qwen3-vl"``; ``"qwen2.5-vl"`` -> ``"qwen2.5-vl"``.
+    Example: ``"qwen3.5"`` -> ``"qwen3-vl"``; ``"qwen2.5-omni"`` -> ``"qwen2.5-vl"``.
     """
-    return "qwen3-vl" if family == "qwen3.5" else family
+    return {"qwen3.5": "qwen3-vl", "qwen2.5-omni": "qwen2.5-vl"}.get(family, family)
 
 
 def family_of_model_config(config: Any) -> Family:

@@ -74,6 +74,28 @@ QWEN35_VISION_START_ID, QWEN35_IMAGE_PAD_ID, QWEN35_VIDEO_PAD_ID = 248053, 24805
 #: Added tokens that are not "special" in QWEN_ADDED_TOKENS stay so for Qwen3.5 (decode keeps
 #: them with skip_special_tokens=True); Qwen3.5's new audio/TTS tokens are taken as special.
 _QWEN_NOT_SPECIAL = frozenset(token for token, special in QWEN_ADDED_TOKENS if not special)
+#: Qwen2.5-Omni's names for tokens of the Qwen2 vocabulary (same ids: ``<|AUDIO|>`` = 151646,
+#: ``<|audio_bos|>`` = 151647, ``<|audio_eos|>`` = 151648, ``<|vision_bos|>`` = 151652,
+#: ``<|IMAGE|>`` = 151655, ``<|VIDEO|>`` = 151656, as ``Qwen2_5OmniThinkerConfig`` numbers them).
+QWEN25_OMNI_RENAMED = {
+    "<|object_ref_start|>": "<|AUDIO|>",
+    "<|object_ref_end|>": "<|audio_bos|>",
+    "<|box_start|>": "<|audio_eos|>",
+    "<|vision_start|>": "<|vision_bos|>",
+    "<|vision_end|>": "<|vision_eos|>",
+    "<|image_pad|>": "<|IMAGE|>",
+    "<|video_pad|>": "<|VIDEO|>",
+}
+#: The media tokens the Qwen2.5-Omni processor reads from its tokenizer (``tokenizer.image_token``, ...).
+QWEN25_OMNI_MEDIA_TOKENS = {
+    "image_token": "<|IMAGE|>",
+    "video_token": "<|VIDEO|>",
+    "audio_token": "<|AUDIO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+}
 
 
 def _rank_file(name: str) -> Path:
@@ -162,6 +184,9 @@ def _vocabulary(family: str) -> tuple[Path, str, int, list[tuple[str, bool]], in
     if family == "qwen3.5":
         added = [(token, token not in _QWEN_NOT_SPECIAL) for _, token in qwen35_special_tokens()]
         return qwen35_rank_file(), qwen35_split_pattern(), QWEN35_FIRST_SPECIAL_ID, added, 262144
+    if family == "qwen2.5-omni":
+        added = [(QWEN25_OMNI_RENAMED.get(token, token), special) for token, special in QWEN_ADDED_TOKENS]
+        return qwen_rank_file(), QWEN2_SPLIT_PATTERN, FIRST_SPECIAL_ID, added, 32768
     return qwen_rank_file(), QWEN2_SPLIT_PATTERN, FIRST_SPECIAL_ID, list(QWEN_ADDED_TOKENS), 131072
 
 
@@ -187,6 +212,7 @@ def _offline_tokenizer(family: str) -> Any:
         model_max_length=max_length,
         clean_up_tokenization_spaces=False,
         chat_template=chat_template_for(family),
+        **({"extra_special_tokens": QWEN25_OMNI_MEDIA_TOKENS} if family == "qwen2.5-omni" else {}),
     )
 
 
@@ -194,6 +220,8 @@ def _offline_processor(family: str) -> Any:
     """The released Qwen-VL processor settings, every pixel limit stated: transformers 5.12 lets a
     processor built with ``min_pixels=`` / ``max_pixels=`` change the class defaults of later ones."""
     tokenizer = _offline_tokenizer(family)
+    if family == "qwen2.5-omni":
+        return _offline_qwen25_omni(tokenizer)
     if vision_rules(family) == "qwen3-vl":
         from transformers import Qwen3VLProcessor
         from transformers.models.qwen2_vl import Qwen2VLImageProcessor
@@ -226,6 +254,27 @@ def _offline_processor(family: str) -> Any:
     )
 
 
+def _offline_qwen25_omni(tokenizer: Any) -> Any:
+    """``Qwen2_5OmniProcessor`` as the released Qwen2.5-Omni checkpoints configure it
+    (``preprocessor_config.json``): ``Qwen2VLImageProcessor`` at patch 14 with the CLIP mean/std
+    and 3136-12845056 pixels, the processor's video defaults (128-768 * 28 * 28 pixels per frame),
+    and a ``WhisperFeatureExtractor`` of 128 mel bins, hop 160, 400-point FFT, 300-s chunks
+    (``n_samples`` 4800000, ``nb_max_frames`` 30000), no dither."""
+    from transformers import Qwen2_5OmniProcessor, WhisperFeatureExtractor
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    return Qwen2_5OmniProcessor(
+        image_processor=Qwen2VLImageProcessor(size={"shortest_edge": 3136, "longest_edge": 12845056}),
+        video_processor=Qwen2VLVideoProcessor(size={"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28}),
+        feature_extractor=WhisperFeatureExtractor(
+            feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=300, n_fft=400,
+            padding_value=0.0, return_attention_mask=True, dither=0.0,
+        ),
+        tokenizer=tokenizer,
+        chat_template=chat_template_for("qwen2.5-omni"),
+    )
+
+
 def _state_frame_cap(video_processor: Any) -> None:
     """State the per-frame pixel cap of a video processor that leaves it unset.
 
@@ -243,8 +292,13 @@ def _apply_pixel_limits(
     """Set pixel and frame limits on the processor object itself, so every stage agrees.
 
     Limits live in ``size`` (``shortest_edge`` = min pixels, ``longest_edge`` = max pixels),
-    where the Hugging Face Qwen-VL image and video processors read them.
+    where the Hugging Face Qwen-VL image and video processors read them. A processor that passes
+    a video ``size`` of its own to its video processor on every call (``Qwen2_5OmniProcessor``'s
+    ``videos_kwargs``) gets the video processor's size there, so both say the same.
     """
+    own_video_size = dict(getattr(processor, "videos_kwargs", None) or {}).get("size")
+    if own_video_size is not None:
+        processor.video_processor.size = dict(own_video_size)
     for sub in (processor.image_processor, processor.video_processor):
         size = dict(sub.size)
         if min_pixels is not None:
@@ -254,6 +308,8 @@ def _apply_pixel_limits(
         sub.size = size
     if max_frames is not None:
         processor.video_processor.max_frames = max_frames
+    if own_video_size is not None:
+        processor.videos_kwargs = {**processor.videos_kwargs, "size": dict(processor.video_processor.size)}
 
 
 def _model_config_or_none(path: str) -> Any:

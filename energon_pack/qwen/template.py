@@ -47,6 +47,21 @@ class VideoTiming:
 
 
 @dataclass(frozen=True)
+class SoundTokens:
+    """Audio token counts of one Qwen-Omni sample: ``audios`` per standalone audio (placeholder
+    order); ``videos`` per video: the tokens of its sound track when it is heard
+    (``use_audio_in_video``), else None; ``video_second_per_grid`` per video (seconds per temporal
+    grid step, as ``Qwen2_5OmniProcessor`` sets them).
+
+    Example: one 1-s clip and one silent-or-unheard video -> ``SoundTokens((25,), (None,), (1.0,))``.
+    """
+
+    audios: tuple[int, ...] = ()
+    videos: tuple[int | None, ...] = ()
+    video_second_per_grid: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenizedConversation:
     """``input_ids`` int64 [L]; ``labels`` int64 [L] (next-token targets, -100 off-loss);
     ``loss_mask`` float32 [L] (1.0 where ``labels`` is a target)."""
@@ -142,16 +157,23 @@ def expand_media_placeholders(
     image_grid_thw: np.ndarray | None,
     video_grid_thw: np.ndarray | None,
     videos: Sequence[VideoTiming] = (),
+    sound: SoundTokens | None = None,
 ) -> str:
-    """Replace each image/video pad token by the processor's replacement for its grid.
+    """Replace each image/video (and, with ``sound``, audio) pad token by the processor's replacement
+    for its grid (audio: its token count; a video heard with its sound: video and audio tokens
+    interleaved by the processor's ``replace_video_token``).
 
     Raises ``BadSampleError("placeholder_mismatch")`` when the pad tokens in ``text`` and the
     grids differ in number (a sample whose media list does not match its media parts).
-    Example (Qwen2.5-VL): one ``<|image_pad|>`` with grid (1, 4, 6) -> 6 ``<|image_pad|>``.
+    Example (Qwen2.5-VL): one ``<|image_pad|>`` with grid (1, 4, 6) -> 6 ``<|image_pad|>``;
+    (Qwen2.5-Omni) one ``<|AUDIO|>`` with ``sound.audios == (25,)`` -> 25 ``<|AUDIO|>``.
     """
     import torch
 
-    _check_placeholders(processor, text.count, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw)
+    _check_placeholders(
+        processor, text.count, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
+        audios=None if sound is None else len(sound.audios),
+    )
     image_replacements: list[str] = []
     video_replacements: list[str] = []
     if image_grid_thw is not None and len(image_grid_thw):
@@ -162,21 +184,57 @@ def expand_media_placeholders(
             "video_grid_thw": torch.as_tensor(video_grid_thw),
             "video_metadata": [timing.metadata() for timing in videos],
         }
-        video_replacements = [processor.replace_video_token(video_inputs, video_idx=i) for i in range(len(video_grid_thw))]
-    expanded, _ = processor.get_text_with_replacements([text], image_replacements, video_replacements, [])
+        if sound is None:
+            video_replacements = [processor.replace_video_token(video_inputs, video_idx=i) for i in range(len(video_grid_thw))]
+        else:
+            video_replacements = _omni_video_replacements(processor, video_inputs, sound)
+    audio_replacements = []
+    if sound is not None and sound.audios:
+        audio_inputs = {"num_audio_tokens": list(sound.audios)}
+        audio_replacements = [processor.replace_audio_token(audio_inputs, audio_idx=i) for i in range(len(sound.audios))]
+    expanded, _ = processor.get_text_with_replacements([text], image_replacements, video_replacements, audio_replacements)
     return expanded[0]
 
 
+def _omni_video_replacements(processor: Any, video_inputs: dict[str, Any], sound: SoundTokens) -> list[str]:
+    """Each video's replacement from ``Qwen2_5OmniProcessor.replace_video_token``: its video tokens,
+    or, when its sound is heard, video and audio tokens interleaved by 2-s chunks."""
+    heard = [tokens for tokens in sound.videos if tokens is not None]
+    slots = iter(range(len(heard)))
+    video_to_audio = [None if tokens is None else next(slots) for tokens in sound.videos]
+    options = {
+        "load_audio_from_video": bool(heard),
+        "position_id_per_seconds": processor.position_id_per_seconds,
+        "seconds_per_chunk": processor.seconds_per_chunk,
+    }
+    inputs = {**video_inputs, "video_second_per_grid": list(sound.video_second_per_grid)}
+    return [
+        processor.replace_video_token(
+            inputs, video_idx=i, processed_audio={"num_audio_tokens": heard}, video_to_audio_indices=video_to_audio,
+            **options,
+        )
+        for i in range(len(sound.videos))
+    ]
+
+
 def _check_placeholders(
-    processor: Any, count: Any, *, image_grid_thw: np.ndarray | None, video_grid_thw: np.ndarray | None
+    processor: Any,
+    count: Any,
+    *,
+    image_grid_thw: np.ndarray | None,
+    video_grid_thw: np.ndarray | None,
+    audios: int | None = None,
 ) -> None:
     """``BadSampleError("placeholder_mismatch")`` unless ``count(token)`` (placeholders of each media
-    pad token in the rendering) equals the number of grids of that kind."""
-    for kind, token, grids in (
-        ("image", processor.image_token, image_grid_thw),
-        ("video", processor.video_token, video_grid_thw),
-    ):
-        placeholders, media = count(token), 0 if grids is None else len(grids)
+    pad token in the rendering) equals the number of grids of that kind (and of ``audios``, when given)."""
+    kinds: list[tuple[str, str, int]] = [
+        ("image", processor.image_token, 0 if image_grid_thw is None else len(image_grid_thw)),
+        ("video", processor.video_token, 0 if video_grid_thw is None else len(video_grid_thw)),
+    ]
+    if audios is not None:
+        kinds.append(("audio", processor.audio_token, audios))
+    for kind, token, media in kinds:
+        placeholders = count(token)
         if placeholders != media:
             raise BadSampleError(
                 "placeholder_mismatch",
@@ -247,10 +305,11 @@ class ChatMarkers:
                 f"tokenizer {type(tokenizer).__name__} has no {cls.end_of_turn!r} token: assistant turns "
                 "cannot be found; use the tokenizer of a Qwen-VL processor (ChatML template)"
             )
-        pads = (token_id("<|image_pad|>"), token_id("<|video_pad|>"))
+        # Qwen-VL names, then Qwen2.5-Omni's (its audio spans sit inside a video's span or hold only pads).
+        pads = [token_id(name) for name in ("<|image_pad|>", "<|video_pad|>", "<|IMAGE|>", "<|VIDEO|>", "<|AUDIO|>")]
         return cls(
-            vision_start_id=token_id("<|vision_start|>") or -1,
-            vision_end_id=token_id("<|vision_end|>") or -1,
+            vision_start_id=token_id("<|vision_start|>") or token_id("<|vision_bos|>") or -1,
+            vision_end_id=token_id("<|vision_end|>") or token_id("<|vision_eos|>") or -1,
             media_pad_ids=tuple(pad for pad in pads if pad is not None),
         )
 
@@ -329,15 +388,17 @@ def tokenize_conversation(
     markers: ChatMarkers | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
     options: Mapping[str, Any] | None = None,
+    sound: SoundTokens | None = None,
 ) -> TokenizedConversation:
-    """Render (with ``tools`` and template ``options``, `render_conversation`), expand placeholders,
-    tokenize and build assistant-only targets (media tokens excluded)."""
+    """Render (with ``tools`` and template ``options``, `render_conversation`), expand placeholders
+    (audio ones too with ``sound``, Qwen-Omni), tokenize and build assistant-only targets (media tokens excluded)."""
     text = expand_media_placeholders(
         processor,
         render_conversation(processor, messages, tools=tools, options=options),
         image_grid_thw=image_grid_thw,
         video_grid_thw=video_grid_thw,
         videos=videos,
+        sound=sound,
     )
     tokenizer = processor.tokenizer
     encoded = tokenizer(text, return_offsets_mapping=True)

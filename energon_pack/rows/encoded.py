@@ -18,6 +18,7 @@ from megatron.energon.edataclass import edataclass
 
 from energon_pack.errors import BadSampleError
 from energon_pack.qwen.template import IGNORE_INDEX, VideoTiming
+from energon_pack.core.audio_inputs import AudioInputs
 from energon_pack.core.samples import media_nbytes
 from energon_pack.core.visual import VisualInputs
 
@@ -40,6 +41,8 @@ class PackedSegment:
     visual: VisualInputs
     #: Energon subflavors of the source dataset (e.g. from a metadataset blend), or None.
     subflavors: dict[str, Any] | None = None
+    #: Qwen-Omni: the sample's sounds as log-mel features (None: it hears nothing).
+    audio: AudioInputs | None = None
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 1 or self.input_ids.numel() == 0:
@@ -107,6 +110,12 @@ class PreparedSample(Sample):
     video_max_frames: Optional[int] = None
     #: Token count before ``on_overlong="shrink"`` lowered the media limits, else None.
     tokens_before_shrink: Optional[int] = None
+    #: Qwen-Omni: compressed audio files (placeholder order), where each heard sound comes from and
+    #: its model-rate samples (``qwen.encode.PreparedChat``), and the record's ``use_audio_in_video``.
+    audios: Optional[list] = None
+    audio_sources: Optional[list] = None
+    audio_samples: Optional[list] = None
+    use_audio_in_video: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -131,14 +140,16 @@ class PreparedSample(Sample):
     def nbytes(self) -> int:
         """Bytes this sample holds in a buffer: compressed media plus token arrays and grids."""
         tensors = (self.input_ids, self.labels, self.loss_mask, self.image_grid_thw, self.video_grid_thw)
-        media = sum(map(media_nbytes, self.images)) + sum(map(media_nbytes, self.videos))
+        media = sum(map(media_nbytes, self.images)) + sum(map(media_nbytes, self.videos)) + sum(map(len, self.audios or ()))
         return media + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
-    def segment(self, mrope_position_ids: torch.Tensor, visual: VisualInputs) -> PackedSegment:
-        """This sample as a row segment, with its postencoded rope positions (int64 [3, L]) and pixels."""
+    def segment(
+        self, mrope_position_ids: torch.Tensor, visual: VisualInputs, audio: AudioInputs | None = None
+    ) -> PackedSegment:
+        """This sample as a row segment, with its postencoded rope positions (int64 [3, L]), pixels and sounds."""
         return PackedSegment(
             key=self.__key__, input_ids=self.input_ids, labels=self.labels, loss_mask=self.loss_mask,
-            mrope_position_ids=mrope_position_ids, visual=visual, subflavors=self.__subflavors__,
+            mrope_position_ids=mrope_position_ids, visual=visual, subflavors=self.__subflavors__, audio=audio,
         )
 
     @classmethod
@@ -191,13 +202,14 @@ class PackedRow(Sample):
 
         Example: segments of 3 tokens (2 supervised) and 5 tokens (1 supervised, one 1x4x6
         image) -> ``{"real_tokens": 8, "supervised_tokens": 3, "segments": 2, "images": 1,
-        "videos": 0, "vision_patches": 24, "sum_squared_lengths": 34}``.
+        "videos": 0, "vision_patches": 24, "sum_squared_lengths": 34}``. A row with Qwen-Omni
+        sounds adds ``audios`` (sounds) and ``audio_frames`` (log-mel frames the audio encoder reads).
         """
 
         def count(grid: torch.Tensor | None) -> int:
             return 0 if grid is None else int(grid.shape[0])
 
-        return {
+        cost = {
             "real_tokens": sum(s.length for s in self.segments),
             "supervised_tokens": sum(int((s.loss_mask != 0).sum()) for s in self.segments),
             "segments": len(self.segments),
@@ -206,3 +218,8 @@ class PackedRow(Sample):
             "vision_patches": sum(s.vision_patches for s in self.segments),
             "sum_squared_lengths": sum(s.length**2 for s in self.segments),
         }
+        heard = [s.audio for s in self.segments if s.audio is not None]
+        if heard:  # Qwen-Omni rows only: rows without sound keep the keys above
+            cost["audios"] = sum(int(a.audio_feature_lengths.numel()) for a in heard)
+            cost["audio_frames"] = sum(a.frames for a in heard)
+        return cost

@@ -90,6 +90,8 @@ def to_device_batch(
       turns into PackedSeqParams itself;
     * ``visual_inputs``: a :class:`VisualInputs` on the device with float32 pixels (a uint8
       payload is normalised there, once) and no normalisation constants;
+    * ``audio_inputs`` (Qwen-Omni rows with sound only): the row's `AudioInputs` on the device
+      (features [128, F] and ``audio_feature_lengths``; whole under CP, like the pixels);
     * ``packed_seq_params``: ready for custom loops - a Megatron-Core
       ``PackedSeqParams(qkv_format="thd", ...)`` with int max_seqlen when megatron.core is
       importable, else a dict with exactly the fields PACKED_SEQ_FIELDS;
@@ -110,7 +112,7 @@ def to_device_batch(
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.pin_memory().to(target, non_blocking=True) if t.device.type == "cpu" else t.to(target)
 
-        def move_visual(v: VisualInputs) -> VisualInputs:
+        def move_visual(v: Any) -> Any:
             return v.pin_memory().to(target, non_blocking=True)
 
     else:
@@ -118,7 +120,7 @@ def to_device_batch(
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(target)
 
-        def move_visual(v: VisualInputs) -> VisualInputs:
+        def move_visual(v: Any) -> Any:
             return v.to(target)
 
     input_ids = batch["input_ids"]
@@ -139,6 +141,8 @@ def to_device_batch(
     out["total_tokens"] = int(batch["total_tokens"])
     out["loss_tokens"] = move(batch["loss_tokens"])
     out["visual_inputs"] = VisualInputs(**move_visual(batch["visual_inputs"]).normalized_for_model())
+    if batch.get("audio_inputs") is not None:
+        out["audio_inputs"] = move_visual(batch["audio_inputs"])
     out["packed_seq_params"] = _packed_seq_params(
         qkv_format="thd",
         **{key: out[key] for key in _CU_SEQLENS_KEYS},

@@ -117,6 +117,8 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
             max_image_pixels=config.row.max_image_pixels,
             decode_threads=config.loader.resolved_decode_threads(),
             chat_template_kwargs=config.row.chat_template_kwargs,
+            max_audio_seconds=config.row.max_audio_seconds,
+            trim_long_audio=config.row.on_overlong_audio == "trim",
         )
         self.pad_token_id = int(self.processor.tokenizer.pad_token_id)
         #: What one row may hold (width, segments, vision limits): a sample alone over it is skipped.
@@ -167,10 +169,14 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
                 prepared = self.chat.prepare(
                     sample.conversation, sample.images, sample.videos, tools=sample.tools,
                     chat_template_kwargs=sample.chat_template_kwargs, fits=self._fits_row if shrink else None,
+                    audios=sample.audios or (), use_audio_in_video=sample.use_audio_in_video,
                 )
         except BadSampleError as err:
             return PreparedSample.skipped(sample, err)
-        return PreparedSample.derive_from(sample, images=sample.images, videos=sample.videos, **vars(prepared))
+        return PreparedSample.derive_from(
+            sample, images=sample.images, videos=sample.videos, **({"audios": sample.audios} if sample.audios else {}),
+            **vars(prepared),
+        )
 
     def blend_units(self, sample: PreparedSample) -> int:
         """What ``sample`` counts toward its source's share under ``blend_unit``: 1, its real tokens
@@ -196,8 +202,8 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
         given, see :meth:`allocate_row_pixels`); raises ``BadSampleError`` on bad media."""
         prepared = PreparedChat(**{f.name: getattr(sample, f.name) for f in fields(PreparedChat)})
         with self.inflight.decoding(sample, "postencode"):
-            encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots)
-        segment = sample.segment(encoded.mrope_position_ids, encoded.visual)
+            encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots, audios=sample.audios or ())
+        segment = sample.segment(encoded.mrope_position_ids, encoded.visual, encoded.audio)
         return EncodedSample.derive_from(sample, segment=segment)
 
     def allocate_row_pixels(self, samples: list[PreparedSample]) -> list[PixelSlots]:

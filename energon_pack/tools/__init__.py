@@ -30,6 +30,8 @@ ratio holds on a noisy machine.
   (not in ``--stage all``: it compares units, not ours against HF).
 - ``balance`` (`bench_balance`): balanced steps without a plan on real loaders of several ranks:
   step imbalance from the rows' own FLOPs, today's order against balanced windows (not in ``--stage all``).
+- ``audio`` (`bench_audio`): Qwen2.5-Omni features of 1-30 s clips, their real frames against the
+  Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from energon_pack.tools.bench_balance import balance_options, bench_balance
 from energon_pack.tools.bench_blend import bench_blend, blend_options
 from energon_pack.tools.bench_foreign import bench_foreign
 from energon_pack.errors import UsageError
+from energon_pack.tools.bench_audio import bench_audio
 from energon_pack.tools.bench_jpeg import bench_jpeg
 from energon_pack.tools.bench_loader import LoaderBenchOptions, bench_loader, loader_options
 from energon_pack.tools.bench_plan import bench_plan, plan_options
@@ -68,6 +71,7 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "prepare": bench_prepare,
     "blend": bench_blend,
     "balance": bench_balance,
+    "audio": bench_audio,
 }
 #: Stages whose benchmark takes options from the command line and prints its own tables.
 OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
@@ -76,7 +80,7 @@ OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "balance": balance_options,
 }
 #: Stages of ``--stage all``, in run order.
-STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare")
+STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "audio")
 
 
 def run_bench(args: argparse.Namespace) -> int:

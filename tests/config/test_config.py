@@ -511,7 +511,9 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
                        # the loader adds the mapping it resolved, by name, when one is set
                        "sample_mapping",
                        # blends enter only when not at their defaults (tests/config/test_blend_config.py)
-                       "blend_unit", "blend_schedule", "blend_schedule_mode"}
+                       "blend_unit", "blend_schedule", "blend_schedule_mode",
+                       # Qwen-Omni audio knobs enter (media_fingerprint) only away from their defaults
+                       "max_audio_seconds", "on_overlong_audio"}
     part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}
     assert set(config.fingerprint()) == part_keys - unfingerprinted | {"pad_multiple"}
 

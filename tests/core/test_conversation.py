@@ -83,7 +83,7 @@ def test_llava_video_and_system_prompt():
     parsed = parse_record(record)
     assert parsed.id is None and parsed.videos == ["v.mp4"]
     assert [m["role"] for m in parsed.messages] == ["system", "user", "assistant"]
-    assert count_media_parts(parsed.messages) == {"image": 0, "video": 1}
+    assert count_media_parts(parsed.messages) == {"image": 0, "video": 1, "audio": 0}
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_llava_video_and_system_prompt():
         ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}, "no_assistant_turn"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "malformed_conversation"),
         ({"messages": [{"role": "user", "content": 5}]}, "malformed_conversation"),
-        ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, "malformed_conversation"),
+        ({"messages": [{"role": "user", "content": [{"type": "sound"}]}]}, "malformed_conversation"),
         ({"messages": "hello"}, "malformed_conversation"),
         ({"text": "no messages"}, "malformed_conversation"),
         (["not", "a", "mapping"], "malformed_conversation"),

@@ -22,10 +22,12 @@ ROW_TENSORS = (
 
 
 def tensor_digest(row: dict[str, Any]) -> str:
-    """SHA-256 (hex) over the bytes of a row's token tensors and pixel tensors (absent ones skipped)."""
+    """SHA-256 (hex) over the bytes of a row's token tensors, pixel tensors and (Qwen-Omni rows)
+    audio features and lengths (absent ones skipped)."""
     digest = hashlib.sha256()
-    visual = row["visual_inputs"]
-    for tensor in [row[name] for name in ROW_TENSORS] + [visual.pixel_values, visual.pixel_values_videos]:
+    visual, audio = row["visual_inputs"], row.get("audio_inputs")
+    sounds = [] if audio is None else [audio.input_features, audio.audio_feature_lengths]
+    for tensor in [row[name] for name in ROW_TENSORS] + [visual.pixel_values, visual.pixel_values_videos] + sounds:
         if tensor is not None:
             digest.update(tensor.contiguous().numpy().tobytes())
     return digest.hexdigest()

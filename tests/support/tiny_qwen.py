@@ -28,16 +28,7 @@ def tiny_qwen25_vl(*, seed: int = 0, initializer_range: float = 0.1) -> Qwen2_5_
     is left untouched.
     """
     config = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=TINY_VOCAB_SIZE,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3]),
-            initializer_range=initializer_range,
-        ),
+        text_config=tiny_text_config(initializer_range),
         vision_config=dict(
             depth=2,
             hidden_size=32,
@@ -59,6 +50,21 @@ def tiny_qwen25_vl(*, seed: int = 0, initializer_range: float = 0.1) -> Qwen2_5_
         initializer_range=initializer_range,
     )
     return random_model(Qwen2_5_VLForConditionalGeneration, config, seed=seed)
+
+
+def tiny_text_config(initializer_range: float) -> dict[str, Any]:
+    """The tiny text model of the Qwen2.5 oracles (VL and Omni): 2 layers of width 64, 4 query /
+    2 key-value heads of dim 16, M-RoPE sections [2, 3, 3], the real vocabulary size."""
+    return dict(
+        vocab_size=TINY_VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3]),
+        initializer_range=initializer_range,
+    )
 
 
 def random_model(model_class: Any, config: Any, *, seed: int) -> Any:

@@ -1,0 +1,237 @@
+"""Audio as a medium: probe, decode to 16 kHz mono with PyAV, and Whisper log-mel features.
+
+Containers and codecs (tests/qwen/test_audio.py decodes each): WAV (PCM 16/24-bit, float), FLAC,
+MP3, AAC / M4A, Ogg (Opus, Vorbis), WebM (Opus); any sample rate and channel count. The first
+audio stream of a file is used, so a video's sound track decodes the same way.
+
+- **Decode** (`decode_audio`): every frame of the first audio stream through one FFmpeg resampler
+  to float planar at the model rate (``av.AudioResampler(format="fltp", layout=<the source's>,
+  rate=16000)``, flushed at the end), then the mean of the channels (the downmix librosa and
+  Qwen's ``qwen-omni-utils`` use; FFmpeg's own stereo-to-mono sums at -3 dB, 1.41 times louder):
+  float32 [n]. A 16 kHz PCM file decodes to its samples exactly (``s16 / 32768``, channels
+  averaged); other rates are resampled by FFmpeg's ``swr`` (a 440 Hz tone at 44.1 kHz within
+  1e-2 of an independent linear interpolation, tests/qwen/test_audio.py).
+- **Length** (`probe_audio`): the number of 16 kHz samples that decode gives. For 16 kHz PCM
+  (WAV) and FLAC the header's sample count is that number (``exact_from_header``); for every other
+  file (lossy codecs carry encoder delay and padding, and FFmpeg's resampler rounds its output
+  length in a way no closed form gives) the samples are counted by decoding and resampling
+  without keeping them (``counted``).
+- **Cap**: the model reads at most ``max_samples`` (the feature extractor's ``n_samples``: 300 s
+  for the released Qwen-Omni checkpoints); longer audio is what the Hugging Face processor
+  truncates. `decode_audio` stops reading once it holds ``max_samples``, so a 30-minute file costs
+  the memory of its first 300 s (docs/worker_memory.md).
+- **Features** (`audio_features`): the feature extractor's log-mel spectrogram [n_mels, F] of the
+  waveform, F = ceil(n / hop_length) real frames, equal to what the Hugging Face processor gives
+  for the same waveform padded to ``n_samples`` (its ``feature_attention_mask`` frames).
+
+Every failure is a `BadMediaError` with a skip reason: ``corrupt_audio`` (no audio stream, a
+decoder error, a truncated file), ``empty_audio`` (no samples), ``undecodable_audio`` (a codec
+this FFmpeg build cannot decode).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+import av
+import numpy as np
+
+from energon_pack.qwen.media import BadMediaError
+
+__all__ = [
+    "AudioInfo",
+    "AudioSpec",
+    "audio_features",
+    "decode_audio",
+    "probe_audio",
+]
+
+#: Codecs whose header sample count is the decoded count (no encoder delay, no padding).
+_EXACT_HEADER_CODECS = ("flac",)
+#: Zero samples appended before the STFT: every frame that overlaps the waveform then sees the
+#: samples it sees in the Hugging Face processor's zero-padded input (window n_fft = 400).
+_TAIL_FRAMES = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class AudioSpec:
+    """What the model's feature extractor reads: ``sampling_rate`` (Hz), ``hop_length`` (samples
+    per feature frame), ``max_samples`` (samples read at most: ``n_samples``), ``n_mels``.
+
+    Example: the released Qwen2.5-Omni extractor -> ``AudioSpec(sampling_rate=16000,
+    hop_length=160, max_samples=4800000, n_mels=128)``.
+    """
+
+    sampling_rate: int = 16000
+    hop_length: int = 160
+    max_samples: int = 4_800_000
+    n_mels: int = 128
+
+    @classmethod
+    def from_feature_extractor(cls, extractor: Any) -> AudioSpec:
+        """The spec of a Hugging Face ``WhisperFeatureExtractor``."""
+        return cls(
+            sampling_rate=int(extractor.sampling_rate),
+            hop_length=int(extractor.hop_length),
+            max_samples=int(extractor.n_samples),
+            n_mels=int(extractor.feature_size),
+        )
+
+    @property
+    def max_seconds(self) -> float:
+        """Seconds the model reads at most. Example: 4800000 samples at 16 kHz -> 300.0."""
+        return self.max_samples / self.sampling_rate
+
+    def feature_frames(self, samples: int) -> int:
+        """Real feature frames of ``samples`` model-rate samples (capped at ``max_samples``):
+        ``ceil(min(samples, max_samples) / hop_length)``. Example: 16000 -> 100; 16001 -> 101."""
+        return math.ceil(min(samples, self.max_samples) / self.hop_length)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AudioInfo:
+    """Facts of the first audio stream: ``samples`` at the model rate (uncapped), source
+    ``sample_rate`` and ``channels``, decoder ``codec``, ``exact_from_header`` (True: the count
+    came from the header, False: from a counted decode) and the FFmpeg demuxer (``container``,
+    e.g. ``"ogg"``)."""
+
+    samples: int
+    sample_rate: int
+    channels: int
+    codec: str
+    exact_from_header: bool
+    container: str = ""
+
+    def seconds(self, spec: AudioSpec) -> float:
+        """Duration in seconds at the model rate."""
+        return self.samples / spec.sampling_rate
+
+
+def _open(data: bytes) -> Any:
+    try:
+        container = av.open(BytesIO(data), mode="r")
+    except (av.error.FFmpegError, ValueError, UnicodeDecodeError) as err:
+        raise BadMediaError("corrupt_audio", f"cannot open audio container: {err}") from None
+    if not container.streams.audio:
+        container.close()
+        raise BadMediaError(
+            "corrupt_audio", "the file holds no audio stream; fix: store the audio file itself (WAV, FLAC, MP3, ...)"
+        )
+    return container
+
+
+def _stream_facts(stream: Any) -> tuple[int, int, str]:
+    context = stream.codec_context
+    if context is None or not context.name:
+        raise BadMediaError(
+            "undecodable_audio",
+            f"no decoder for the audio codec {getattr(stream, 'codec_tag', '?')!r} in this FFmpeg build; "
+            "fix: re-encode the audio as WAV, FLAC, MP3, AAC, Opus or Vorbis",
+        )
+    return int(context.sample_rate or 0), int(context.channels or 0), str(context.name)
+
+
+def _resampled_blocks(data: bytes, spec: AudioSpec, limit: int | None) -> Iterator[np.ndarray]:
+    """Mono float32 blocks at ``spec.sampling_rate`` in order, until ``limit`` samples (None: all)."""
+    with _open(data) as container:
+        stream = container.streams.audio[0]
+        _stream_facts(stream)
+        resampler = None
+        held = 0
+        try:
+            for frame in container.decode(stream):
+                if resampler is None:  # channels kept: downmixed below as their mean
+                    resampler = av.AudioResampler(format="fltp", layout=frame.layout.name, rate=spec.sampling_rate)
+                for out in resampler.resample(frame):
+                    block = _mono(out)
+                    held += block.size
+                    yield block
+                if limit is not None and held >= limit:
+                    return
+            for out in [] if resampler is None else resampler.resample(None):
+                yield _mono(out)
+        except (av.error.FFmpegError, ValueError) as err:
+            raise BadMediaError("corrupt_audio", f"cannot decode audio after {held} samples: {err}") from None
+
+
+def _mono(frame: Any) -> np.ndarray:
+    """A planar float frame [channels, n] as the mean of its channels, float32 [n]."""
+    planes = frame.to_ndarray()
+    return planes[0] if planes.shape[0] == 1 else planes.mean(axis=0, dtype=np.float32)
+
+
+def probe_audio(data: bytes, spec: AudioSpec = AudioSpec(), *, count_up_to: int | None = None) -> AudioInfo:
+    """Sample count at the model rate, source rate, channels and codec of an audio file.
+
+    ``count_up_to``: a counted decode stops once it holds more than this many samples (the count
+    is then only known to exceed it: what an overlong check needs), so a 30-minute MP3 costs the
+    decode of its first ``count_up_to`` samples. Header counts are exact whatever the length.
+
+    Example: a 1.5 s 16 kHz stereo WAV -> ``AudioInfo(samples=24000, sample_rate=16000,
+    channels=2, codec="pcm_s16le", exact_from_header=True)``; the same clip as MP3 ->
+    ``exact_from_header=False`` (counted). Raises `BadMediaError` (see the module docstring).
+    """
+    with _open(data) as container:
+        stream = container.streams.audio[0]
+        rate, channels, codec = _stream_facts(stream)
+        header = _header_samples(stream, rate, codec, spec)
+        facts = dict(sample_rate=rate, channels=channels, codec=codec, container=str(container.format.name))
+    if header is not None:
+        return AudioInfo(samples=header, exact_from_header=True, **facts)
+    samples = sum(block.size for block in _resampled_blocks(data, spec, None if count_up_to is None else count_up_to + 1))
+    if samples == 0:
+        raise BadMediaError("empty_audio", "the audio stream decodes to no samples; fix: drop the empty clip")
+    return AudioInfo(samples=samples, exact_from_header=False, **facts)
+
+
+def _header_samples(stream: Any, rate: int, codec: str, spec: AudioSpec) -> int | None:
+    """The decoded sample count from the header when it is exact (16 kHz PCM or FLAC), else None."""
+    exact_codec = codec.startswith("pcm_") or codec in _EXACT_HEADER_CODECS
+    if not exact_codec or rate != spec.sampling_rate or stream.duration is None or stream.time_base is None:
+        return None
+    samples = stream.duration * stream.time_base * rate
+    return int(samples) if samples.denominator == 1 and samples > 0 else None
+
+
+def decode_audio(data: bytes, spec: AudioSpec = AudioSpec(), *, expected_samples: int | None = None) -> np.ndarray:
+    """The first audio stream as mono float32 [n] at ``spec.sampling_rate``, n <= ``spec.max_samples``
+    (reading stops there). ``expected_samples``: the count `probe_audio` gave; a decode that
+    yields another (capped) count is ``corrupt_audio`` (a file changed or cut short since).
+
+    Example: a 16 kHz mono s16 WAV of samples ``[0, 16384]`` -> ``array([0.0, 0.5], dtype=float32)``.
+    """
+    blocks = list(_resampled_blocks(data, spec, spec.max_samples))
+    waveform = np.concatenate(blocks)[: spec.max_samples] if blocks else np.zeros(0, dtype=np.float32)
+    if waveform.size == 0:
+        raise BadMediaError("empty_audio", "the audio stream decodes to no samples; fix: drop the empty clip")
+    if expected_samples is not None and waveform.size != min(expected_samples, spec.max_samples):
+        raise BadMediaError(
+            "corrupt_audio",
+            f"audio decodes to {waveform.size} samples but its probe gave {min(expected_samples, spec.max_samples)}; "
+            "fix: re-encode the file (it is truncated or its header is wrong)",
+        )
+    return waveform.astype(np.float32, copy=False)
+
+
+def audio_features(waveform: np.ndarray, extractor: Any, spec: AudioSpec | None = None) -> np.ndarray:
+    """Log-mel features float32 [n_mels, F] of a mono waveform [n] (F = ``spec.feature_frames(n)``),
+    equal to the Hugging Face processor's features of the same waveform on its real frames.
+
+    The processor pads every clip with zeros to ``n_samples`` (300 s) and normalises by the
+    clip's loudest frame; the loudest frame is always one that overlaps the waveform (silence is
+    the floor), so the waveform plus a few frames of zeros gives the same frames.
+    Example: 1 s at 16 kHz -> [128, 100].
+    """
+    spec = spec or AudioSpec.from_feature_extractor(extractor)
+    clip = np.asarray(waveform, dtype=np.float32)[: spec.max_samples]
+    frames = spec.feature_frames(clip.size)
+    padded = np.zeros(frames * spec.hop_length + _TAIL_FRAMES * max(spec.hop_length, int(extractor.n_fft)), dtype=np.float32)
+    padded[: clip.size] = clip
+    features = extractor(
+        padded, sampling_rate=spec.sampling_rate, padding="do_not_pad", truncation=False, return_tensors="np"
+    )["input_features"][0]
+    return np.ascontiguousarray(features[:, :frames], dtype=np.float32)

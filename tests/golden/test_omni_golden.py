@@ -1,0 +1,120 @@
+"""Golden: Qwen2.5-Omni samples (audio, audio + text turns, several audios, image + audio, video
+with and without its sound, every container/codec) prepared and encoded by energon_pack equal the
+Hugging Face processor's outputs for the sample alone (called with the waveform we decode): token
+ids, audio features on the real frames (within 1e-5), feature lengths, pixels and grids, and the
+thinker's ``get_rope_index`` positions (exact)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from energon_pack.qwen.audio import decode_audio
+from energon_pack.qwen.encode import QwenChatEncoder
+from energon_pack.qwen.processor import load_processor
+from tests.support.audio_media import CODECS
+from tests.support.omni_reference import OmniCase, Sound, make_omni_media, reference_omni_inputs, reference_rope
+from tests.support.tiny_omni import tiny_qwen25_omni_config
+
+# Slow: a Hugging Face processor call per case (the 300-s feature padding alone takes ~0.5 s).
+pytestmark = pytest.mark.slow
+
+AUDIO, IMAGE, VIDEO = {"type": "audio"}, {"type": "image"}, {"type": "video"}
+
+
+def _message(role: str, *parts: Any) -> dict[str, Any]:
+    return {"role": role, "content": [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]}
+
+
+CASES = [
+    OmniCase("audio_only", [_message("user", AUDIO), _message("assistant", "A chirp.")], audios=[Sound("wav_s16", 1.37)]),
+    OmniCase(
+        "audio_text_turns",
+        [_message("system", "Listen."), _message("user", "Hear this:", AUDIO), _message("assistant", "Heard."),
+         _message("user", "Again?"), _message("assistant", "Yes.")],
+        audios=[Sound("mp3", 2.2, 44100, 2)],
+    ),
+    OmniCase(
+        "several_audios",
+        [_message("user", AUDIO, "and", AUDIO, "then", AUDIO), _message("assistant", "Three.")],
+        audios=[Sound("flac", 0.5), Sound("m4a_aac", 3.1, 22050), Sound("wav_f32", 0.05, 8000)],
+    ),
+    OmniCase("image_audio", [_message("user", IMAGE, AUDIO, "Match?"), _message("assistant", "No.")],
+             images=[(56, 84)], audios=[Sound("ogg_opus", 1.0, 48000, 2)]),
+    OmniCase("video_sound_off", [_message("user", VIDEO, AUDIO, "Same?"), _message("assistant", "Maybe.")],
+             videos=[(12, 56, 56, 4, 3.0)], audios=[Sound("wav_s24", 0.8)]),
+    OmniCase("video_sound_on", [_message("user", AUDIO, VIDEO, "What is heard?"), _message("assistant", "A chirp.")],
+             videos=[(20, 56, 84, 4, 5.0)], audios=[Sound("webm_opus", 1.5, 48000)], use_audio_in_video=True),
+]
+#: Each codec once, at a rate and channel count its encoder takes.
+CODEC_SOUNDS = {
+    "wav_s16": Sound("wav_s16", 1.01, 16000, 2), "wav_s24": Sound("wav_s24", 0.7, 48000), "wav_f32": Sound("wav_f32", 0.9, 16000),
+    "flac": Sound("flac", 1.2, 44100, 2), "mp3": Sound("mp3", 1.1, 16000), "m4a_aac": Sound("m4a_aac", 1.3, 44100, 2),
+    "ogg_opus": Sound("ogg_opus", 0.6, 16000), "ogg_vorbis": Sound("ogg_vorbis", 1.0, 44100, 2),
+    "webm_opus": Sound("webm_opus", 0.75, 48000, 2),
+}
+assert set(CODEC_SOUNDS) == set(CODECS)
+
+
+@pytest.fixture(scope="module")
+def processor() -> Any:
+    return load_processor(family="qwen2.5-omni", min_pixels=56 * 56, max_pixels=112 * 112)
+
+
+@pytest.fixture(scope="module")
+def encoder(processor) -> QwenChatEncoder:
+    return QwenChatEncoder(processor)
+
+
+def _check_against_hf(encoder: QwenChatEncoder, processor: Any, case: OmniCase) -> None:
+    media = make_omni_media(case)
+    prepared = encoder.prepare(
+        case.conversation, media.images, media.videos, audios=media.audios, use_audio_in_video=case.use_audio_in_video
+    )
+    encoded = encoder.encode(prepared, media.images, media.videos, audios=media.audios)
+    sources = [media.audios[s] if s >= 0 else media.videos[-1 - s] for s in prepared.audio_sources or []]
+    waveforms = [decode_audio(data) for data in sources]
+    ref = reference_omni_inputs(processor, case, media, prepared, waveforms)
+
+    assert prepared.input_ids.tolist() == ref["input_ids"][0].tolist(), case.key
+    if waveforms:
+        mask = ref["feature_attention_mask"].bool()
+        assert encoded.audio.audio_feature_lengths.tolist() == mask.sum(-1).tolist()
+        expected = torch.cat([ref["input_features"][i][:, mask[i]] for i in range(len(waveforms))], dim=1)
+        torch.testing.assert_close(encoded.audio.input_features, expected, atol=1e-5, rtol=0)
+    else:
+        assert encoded.audio is None
+    for ours, theirs in (("pixel_values", "pixel_values"), ("image_grid_thw", "image_grid_thw"),
+                         ("pixel_values_videos", "pixel_values_videos"), ("video_grid_thw", "video_grid_thw")):
+        value = getattr(encoded.visual, ours)
+        assert (value is None) == (theirs not in ref), (case.key, ours)
+        if value is not None:
+            assert torch.equal(value, ref[theirs]), (case.key, ours)
+    expected_rope = reference_rope(tiny_qwen25_omni_config(), ref, case.use_audio_in_video)
+    assert torch.equal(encoded.mrope_position_ids, expected_rope), case.key
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.key for c in CASES])
+def test_omni_sample_equals_hf(encoder, processor, case):
+    _check_against_hf(encoder, processor, case)
+
+
+@pytest.mark.parametrize("codec", sorted(CODEC_SOUNDS))
+def test_every_codec_equals_hf(encoder, processor, codec):
+    case = OmniCase(codec, [_message("user", AUDIO, "Say?"), _message("assistant", "Tone.")], audios=[CODEC_SOUNDS[codec]])
+    _check_against_hf(encoder, processor, case)
+
+
+def test_video_sound_interleaves_by_two_second_chunks(encoder):
+    """A 5-s video heard with its sound: video and audio tokens alternate in 2-s chunks inside one span."""
+    case = CASES[-1]
+    media = make_omni_media(case)
+    prepared = encoder.prepare(case.conversation, media.images, media.videos, audios=media.audios, use_audio_in_video=True)
+    ids = prepared.input_ids.numpy()
+    spec = encoder.hearing.rope
+    kinds = np.where(ids == spec.video_token_id, 1, np.where(ids == spec.audio_token_id, 2, 0))
+    runs = [int(k) for i, k in enumerate(kinds) if k and (i == 0 or kinds[i - 1] != k)]
+    assert runs[:1] == [2] and runs[1:] == [1, 2] * (len(runs[1:]) // 2) and len(runs) >= 5

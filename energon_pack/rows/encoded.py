@@ -93,6 +93,12 @@ class PreparedSample(Sample):
     #: Compressed image / video files, in placeholder order.
     images: list[bytes]
     videos: list[bytes]
+    #: Qwen-Omni: compressed audio files (placeholder order), where each heard sound comes from and
+    #: its model-rate samples (``qwen.encode.PreparedChat``), and the record's ``use_audio_in_video``.
+    audios: Optional[list] = None
+    audio_sources: Optional[list] = None
+    audio_samples: Optional[list] = None
+    use_audio_in_video: bool = False
     #: int64 [n_img, 3] / [n_vid, 3] patch grids (t, h, w), None without such media.
     image_grid_thw: Optional[torch.Tensor] = None
     video_grid_thw: Optional[torch.Tensor] = None
@@ -110,12 +116,6 @@ class PreparedSample(Sample):
     video_max_frames: Optional[int] = None
     #: Token count before ``on_overlong="shrink"`` lowered the media limits, else None.
     tokens_before_shrink: Optional[int] = None
-    #: Qwen-Omni: compressed audio files (placeholder order), where each heard sound comes from and
-    #: its model-rate samples (``qwen.encode.PreparedChat``), and the record's ``use_audio_in_video``.
-    audios: Optional[list] = None
-    audio_sources: Optional[list] = None
-    audio_samples: Optional[list] = None
-    use_audio_in_video: bool = False
 
     @property
     def num_tokens(self) -> int:

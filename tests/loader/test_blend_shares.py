@@ -76,7 +76,7 @@ def test_a_token_blend_fills_rows_as_well_as_a_sample_blend(runs):
 
 def test_three_sources_meet_their_token_shares(blends, processor):
     with get_packing_loader(str(blends["three"]), config(blend_unit="tokens"), processor) as loader:
-        rows = take_rows(loader, 120)
+        rows = take_rows(loader, 80)
     for source, target in (("short", 0.6), ("medium", 0.3), ("long", 0.1)):
         assert abs(share(rows, source) - target) <= 0.02, (source, share(rows, source))
 

@@ -13,7 +13,7 @@ the results into its sample types.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -121,7 +121,7 @@ class OmniHearing:
                     f"max_audio_seconds={max_audio_seconds} must be in (0, {spec.max_seconds:g}]: the model reads at most "
                     f"{spec.max_seconds:g} s of an audio (its feature extractor's n_samples); fix: lower it"
                 )
-            spec = AudioSpec(sampling_rate=spec.sampling_rate, hop_length=spec.hop_length, max_samples=cap, n_mels=spec.n_mels)
+            spec = replace(spec, max_samples=cap)
         return cls(extractor=processor.feature_extractor, spec=spec, trim=trim, rope=OmniRopeSpec.from_processor(processor))
 
     def samples(self, data: bytes) -> int:

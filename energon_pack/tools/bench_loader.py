@@ -44,24 +44,31 @@ __all__ = [
     "LoaderSetting",
     "WorkerMemorySampler",
     "bench_loader",
+    "check_one_setting",
     "loader_bench_tables",
     "loader_options",
     "measure_settings",
+    "side_figures",
 ]
 
-#: Visual fields of the processor output that the baseline buffers and packs.
-PROCESSED_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+#: Visual and (Qwen-Omni) audio fields of the processor output that the baseline buffers and packs:
+#: audio features padded per clip as the processor pads them, [n, n_mels, frames], and their mask [n, frames].
+PROCESSED_FIELDS = (
+    "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "input_features", "feature_attention_mask",
+)
 
 
 @edataclass
 class ProcessedSample(Sample):
-    """Baseline sample: the full HF processor output of one chat (token ids and pixel tensors)."""
+    """Baseline sample: the full HF processor output of one chat (token ids, pixel and audio tensors)."""
 
     input_ids: torch.Tensor
     pixel_values: Optional[torch.Tensor] = None
     image_grid_thw: Optional[torch.Tensor] = None
     pixel_values_videos: Optional[torch.Tensor] = None
     video_grid_thw: Optional[torch.Tensor] = None
+    input_features: Optional[torch.Tensor] = None
+    feature_attention_mask: Optional[torch.Tensor] = None
 
     def nbytes(self) -> int:
         """Bytes of every tensor the sample holds."""
@@ -97,7 +104,10 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
         if self._cpu_start is None:
             self._cpu_start = time.process_time()
         with timed("HF processor"):
-            outputs = hf_processor_outputs(self.processor, sample.conversation, sample.images, sample.videos)
+            outputs = hf_processor_outputs(
+                self.processor, sample.conversation, sample.images, sample.videos, sample.audios or (),
+                use_audio_in_video=sample.use_audio_in_video,
+            )
         visual = {name: outputs.get(name) for name in PROCESSED_FIELDS}
         return ProcessedSample.derive_from(sample, input_ids=outputs["input_ids"][0], **visual)
 
@@ -179,6 +189,15 @@ class LoaderSetting:
         return f"{self.side} {self.pixel_dtype} B{self.buffer_size}"
 
 
+def check_one_setting(options: LoaderBenchOptions, bench: str) -> None:
+    """ValueError unless ``options`` give one buffer size and one pixel payload (one setting per side)."""
+    if len(options.buffer_sizes) != 1 or len(options.pixel_dtypes) != 1:
+        raise ValueError(
+            f"{bench} compares ours and eager at one setting, not buffer_sizes={options.buffer_sizes} "
+            f"and pixel_dtypes={options.pixel_dtypes}; fix: give one of each"
+        )
+
+
 def settings_of(options: LoaderBenchOptions) -> list[LoaderSetting]:
     """Every setting of a benchmark: per buffer size, ours with each payload dtype, then eager (float32).
 
@@ -245,12 +264,15 @@ class WorkerMemorySampler(threading.Thread):
 class RunFigures:
     """What one finite epoch of one setting measured."""
 
-    #: What the rows carried: samples and their keys, rows, real tokens, pixel payload bytes.
+    #: What the rows carried: samples and their keys, rows, real tokens, pixel payload bytes, and
+    #: audio feature frames: the clips' real frames and the frames the rows carry (padding included).
     samples: int = 0
     keys: set[str] = field(default_factory=set)
     rows: int = 0
     real_tokens: int = 0
     pixel_bytes: int = 0
+    audio_frames: int = 0
+    carried_audio_frames: int = 0
     #: Wall seconds of the epoch in the trainer process.
     seconds: float = 0.0
     #: Per worker id, the telemetry its last row carried (``runtime.stats.worker_telemetry``: running totals).
@@ -296,6 +318,21 @@ def row_pixel_bytes(row: dict[str, Any]) -> int:
     return sum(t.nbytes for t in tensors if t is not None)
 
 
+def row_audio_frames(row: dict[str, Any]) -> tuple[int, int]:
+    """(real, carried) audio feature frames of a row, ours (``audio_inputs``: real frames only) or
+    eager (``input_features`` [n, n_mels, T] padded per clip, ``feature_attention_mask`` [n, T]).
+
+    Example: an eager row of two clips of 100 and 37 frames padded to 30000 -> (137, 60000).
+    """
+    audio = row.get("audio_inputs")
+    if audio is not None:
+        return audio.frames, audio.frames
+    features, mask = row.get("input_features"), row.get("feature_attention_mask")
+    if features is None:
+        return 0, 0
+    return int(mask.sum()), int(features.shape[0] * features.shape[-1])
+
+
 def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: bool = True) -> RunFigures:
     """Iterate a fresh loader to the end of its epoch while sampling its workers' memory (unless
     ``sample_memory`` is False: in-process loading has no workers, and the sampler's scans of the
@@ -320,6 +357,9 @@ def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: boo
             figures.keys.update(row["__keys__"])
             figures.real_tokens += int(row["cu_seqlens_q"][-1])
             figures.pixel_bytes += row_pixel_bytes(row)
+            real, carried = row_audio_frames(row)
+            figures.audio_frames += real
+            figures.carried_audio_frames += carried
             telemetry = row["__stats__"]
             figures.peak_buffered = max(figures.peak_buffered, telemetry.get("buffered_bytes", 0))
             figures.last_telemetry[telemetry.get("worker_id", 0)] = telemetry
@@ -391,6 +431,26 @@ def measure_settings(
     finally:
         torch.set_num_threads(threads)
     return runs, passes
+
+
+def side_figures(runs: Sequence[RunFigures]) -> dict[str, float]:
+    """One side's figures over its runs: samples/s and tokens/s (median, wall), samples per worker CPU
+    second and worker CPU seconds (best run), worker peak USS and RSS in MiB (max over runs).
+
+    Example: runs of 10 samples in 2 s and 4 s with 2 and 3 worker CPU s -> samples/s 3.75, samples/worker CPU s 5.0.
+    """
+    cpu = min(run.worker_seconds.get("cpu", float("inf")) for run in runs)
+    mib = float(2**20)
+    return {
+        "samples/s": statistics.median(run.samples / run.seconds for run in runs),
+        "tokens/s": statistics.median(run.real_tokens / run.seconds for run in runs),
+        # Per CPU second of the workers: what samples/s would be on cores of its own (a shared machine's
+        # other jobs slow the wall clock, not this).
+        "samples/worker CPU s": runs[0].samples / cpu,
+        "worker peak USS MiB": max(run.peak_uss for run in runs) / mib,
+        "worker peak RSS MiB": max(run.peak_rss for run in runs) / mib,
+        "worker CPU s": cpu,
+    }
 
 
 def loader_bench_tables(

@@ -258,3 +258,33 @@ def test_bench_realistic_runs_the_loader_stage_only(tmp_path, capsys):
     line = one_line_error(capsys, ["bench", "--media", "realistic", "--stage", "plan", "--out", str(tmp_path)])
     assert "--stage plan" in line and "--stage loader" in line
     assert not any(tmp_path.iterdir())  # nothing generated
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--audio-clips", "-1"], "--audio-clips"),
+        (["--audio-clips", "some"], "--audio-clips"),
+        (["--sound-videos", "-3"], "--sound-videos"),
+        (["--sound-videos", "2.5"], "--sound-videos"),
+        (["--family", "qwen4-omni"], "--family"),
+        (["--media", "sound"], "--media"),
+        (["--seq-length", "0"], "--seq-length"),
+    ],
+)
+def test_bench_audio_option_values(argv, named, capsys):
+    line = one_line_error(capsys, ["bench", "--media", "audio", *argv])
+    assert named in line and argv[1] in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--stage", "plan"], "--stage loader"),
+        (["--family", "qwen2.5-vl"], "--family one of qwen2.5-omni"),
+    ],
+)
+def test_bench_audio_refuses_before_generating_anything(argv, named, tmp_path, capsys):
+    line = one_line_error(capsys, ["bench", "--media", "audio", *argv, "--out", str(tmp_path)])
+    assert named in line and argv[1] in line
+    assert not any(tmp_path.iterdir())  # nothing generated

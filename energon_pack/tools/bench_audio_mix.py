@@ -1,0 +1,132 @@
+"""``energon-pack bench --media audio``: ours and the eager design on the audio mix, per Omni family.
+
+The mix (`audio_mix`: speech-like clips of 1-30 s in WAV, FLAC, MP3, AAC/M4A and Ogg/Opus, short
+videos heard with their sound, a few images, text chats) is prepared once. For each family (every
+family of ``qwen.family.OMNI_FAMILIES`` by default) its offline processor runs ours (the package's
+default pixel payload, uint8; each row carries its sounds' real feature frames) and the eager design
+(`bench_loader.HFProcessorPackingTaskEncoder`: the Hugging Face processor in ``encode_sample``, so
+every sound's features padded to the extractor's ``n_samples`` as the processor pads them, float32
+pixels, first-fit-decreasing per buffer) at the same row width, buffer size and worker count,
+interleaved ``epochs`` times (`bench_loader.measure_settings`).
+
+Per side: `bench_loader.side_figures` (samples/s and tokens/s, samples per worker CPU second,
+worker peak USS and RSS, worker CPU seconds). Padding: the audio feature frames the rows carried
+(what reaches the audio encoder) against the sounds' real frames, per side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from energon_pack.qwen.family import OMNI_FAMILIES
+from energon_pack.tools.audio_mix import AUDIO_MIX_CODECS, AudioMix, audio_mix_dataset
+from energon_pack.tools.bench_loader import LoaderBenchOptions, RunFigures, check_one_setting, measure_settings, settings_of, side_figures
+
+__all__ = ["AUDIO_LOADER", "AudioBenchOptions", "audio_bench_options", "audio_tables", "bench_audio_mix", "padding_figures"]
+
+#: The loader settings of the audio bench, both sides: rows of 8192 tokens (a 30-s clip is 750 tokens),
+#: one buffer size, 2 workers, 3 interleaved runs, and our side's pixel payload (the package default).
+AUDIO_LOADER = LoaderBenchOptions(seq_length=8192, buffer_sizes=(16,), pixel_dtypes=("uint8",))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AudioBenchOptions:
+    """Knobs of ``bench --media audio``: the mix, the Omni families, the loader settings both sides
+    share (one buffer size, one pixel payload of ours)."""
+
+    mix: AudioMix = AudioMix()
+    families: tuple[str, ...] = OMNI_FAMILIES
+    loader: LoaderBenchOptions = AUDIO_LOADER
+
+    def __post_init__(self) -> None:
+        check_one_setting(self.loader, "the audio bench")
+        unheard = [family for family in self.families if family not in OMNI_FAMILIES]
+        if unheard or not self.families:
+            raise ValueError(
+                f"--media audio needs families that hear audio, not {', '.join(unheard) or 'none'}; "
+                f"fix: --family one of {', '.join(OMNI_FAMILIES)} or all"
+            )
+
+
+def padding_figures(run: RunFigures, *, n_mels: int) -> dict[str, float]:
+    """Audio padding of one side's run: the sounds' real frames, the frames its rows carried, the
+    padded share of those and the encoder input in MiB (float32 features of ``n_mels`` bins).
+
+    Example: 1000 real frames, 60000 carried, 128 bins -> padding 98.3 %, 29.3 MiB.
+    """
+    real, carried = run.audio_frames, run.carried_audio_frames
+    mib = n_mels * 4 / 2**20
+    return {
+        "real frames": real,
+        "frames carried": carried,
+        "padding %": 100 * (carried - real) / carried if carried else 0.0,
+        "encoder input MiB": carried * mib,
+    }
+
+
+def audio_tables(options: AudioBenchOptions, dataset: Path) -> list[tuple[str, list[dict[str, Any]], list[str]]]:
+    """Ours and eager per family on ``dataset``: the side-by-side table (a row per side, a ratio row
+    ours / eager per family) and the audio padding table (real frames against frames carried)."""
+    from energon_pack.qwen.audio import AudioSpec
+    from energon_pack.qwen.processor import load_processor
+
+    loader_options = replace(options.loader, dataset=dataset)
+    ours, eager = settings_of(loader_options)
+    figures, padding = [], []
+    padded_seconds = set()
+    for family in options.families:
+        processor = load_processor(family=family)  # type: ignore[arg-type]
+        spec = AudioSpec.from_feature_extractor(processor.feature_extractor)
+        padded_seconds.add(spec.max_seconds)
+        runs, _ = measure_settings([ours, eager], loader_options, dataset, processor)
+        sides = {s.side: {**side_figures(runs[s]), "samples": runs[s][0].samples} for s in (ours, eager)}
+        for side, values in sides.items():
+            figures.append({"family": family, "side": side, **values})
+        ratio = {name: sides["ours"][name] / sides["eager"][name] for name in sides["ours"] if name != "samples"}
+        figures.append({"family": family, "side": "ours / eager", **ratio})
+        for setting in (ours, eager):
+            padding.append({"family": family, "side": setting.side, **padding_figures(runs[setting][0], n_mels=spec.n_mels)})
+        padding.append({
+            "family": family, "side": "ours / eager",
+            "frames carried": padding[-2]["frames carried"] / (padding[-1]["frames carried"] or 1),
+            "encoder input MiB": padding[-2]["encoder input MiB"] / (padding[-1]["encoder input MiB"] or 1),
+        })
+    mix = options.mix
+    codecs = "/".join(AUDIO_MIX_CODECS)
+    title = (
+        f"audio mix: {dataset} ({mix.clips} clips of {mix.clip_seconds[0]:g}-{mix.clip_seconds[1]:g} s in {codecs}, "
+        f"{mix.sound_videos} videos with sound ({mix.video_seconds[0]:g}-{mix.video_seconds[1]:g} s, "
+        f"{mix.video_size[0]}x{mix.video_size[1]}), {mix.images} images, {mix.text_chats} text chats; "
+        f"W={loader_options.seq_length}, B={ours.buffer_size}, {loader_options.workers} workers, "
+        f"{loader_options.epochs} interleaved runs; ours {ours.pixel_dtype}, eager = HF processor in encode_sample + FFD "
+        "per buffer, float32)"
+    )
+    padding_title = (
+        "audio padding: feature frames the rows carried (the audio encoder's input) against the sounds' real frames "
+        f"(eager: every sound padded to {' / '.join(f'{s:g}' for s in sorted(padded_seconds))} s, as the HF processor pads it)"
+    )
+    return [(title, figures, list(figures[0])), (padding_title, padding, list(padding[0]))]
+
+
+def bench_audio_mix(work_dir: Path, options: AudioBenchOptions) -> list[tuple[str, list[dict[str, Any]], list[str]]]:
+    """The audio mix of ``options.mix`` prepared (once) under ``work_dir``, then `audio_tables`."""
+    return audio_tables(options, audio_mix_dataset(work_dir, options.mix))
+
+
+def audio_bench_options(args: Any) -> AudioBenchOptions:
+    """The audio bench's knobs from the command line (``--family all``: every Omni family)."""
+    loader = replace(
+        AUDIO_LOADER,
+        seq_length=args.seq_length if args.seq_length is not None else AUDIO_LOADER.seq_length,
+        buffer_sizes=(args.buffer_sizes[0],),
+        workers=args.workers,
+        epochs=args.epochs,
+        prefetch_factor=args.prefetch_factor,
+    )
+    return AudioBenchOptions(
+        mix=AudioMix(clips=args.audio_clips, sound_videos=args.sound_videos),
+        families=OMNI_FAMILIES if args.family == "all" else (args.family,),
+        loader=loader,
+    )

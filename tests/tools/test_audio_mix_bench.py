@@ -1,0 +1,142 @@
+"""``energon-pack bench --media audio``: the audio mix (codecs, videos with sound, cache), the eager
+side's audio call, the padding arithmetic, and one tiny run whose structure and ratios must hold."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from energon_pack.core.audio_inputs import AudioInputs
+from energon_pack.data.synthetic import encode_audio, encode_video_with_sound, speech_like
+from energon_pack.qwen.family import OMNI_FAMILIES
+from energon_pack.tools.audio_mix import AUDIO_MIX_CODECS, AudioMix, audio_mix_dataset
+from energon_pack.tools.bench_audio_mix import AUDIO_LOADER, AudioBenchOptions, audio_bench_options, bench_audio_mix, padding_figures
+from energon_pack.tools.bench_loader import RunFigures, row_audio_frames
+from energon_pack.tools.common import omni_audio_kwargs
+
+#: A mix small enough for a test: every kind of sample of the real one, short and small.
+TINY_MIX = AudioMix(
+    clips=6, clip_seconds=(0.5, 2.0), sound_videos=1, video_seconds=(1.0, 2.0), video_size=(64, 48), images=2,
+    image_size=(64, 48), text_chats=1,
+)
+#: The released Qwen2.5-Omni feature extractor's numbers (what `AudioSpec.from_feature_extractor` reads).
+EXTRACTOR = SimpleNamespace(sampling_rate=16000, hop_length=160, n_samples=4_800_000, feature_size=128)
+
+
+def test_speech_like_clips_have_pauses_and_the_asked_length() -> None:
+    signal = speech_like(3.0, 16000, channels=2, seed=1)
+    assert signal.shape == (2, 48000) and signal.dtype == np.float32
+    assert np.abs(signal).max() < 1.0
+    quiet = (np.abs(signal[0]) < 0.01).mean()
+    assert 0.05 < quiet < 0.9  # syllables and pauses, not a tone
+    assert np.allclose(signal[1], signal[0] * 0.8, atol=0.05)  # channel c at 1 - 0.2 c, plus a little noise
+
+
+def test_the_mix_cycles_codecs_and_is_keyed_by_every_parameter() -> None:
+    assert AudioMix(clips=7).clip_codecs() == [*AUDIO_MIX_CODECS, *list(AUDIO_MIX_CODECS)[:2]]
+    names = {AudioMix().folder_name, AudioMix(clips=39).folder_name, AudioMix(seed=1).folder_name}
+    assert len(names) == 3 and AudioMix().folder_name.startswith("audiomix1-40clips-6videos-")
+    with pytest.raises(ValueError, match=r"clip_seconds=\(0.0, 30.0\).*fix"):
+        AudioMix(clip_seconds=(0.0, 30.0))
+    with pytest.raises(ValueError, match="no sample; fix"):
+        AudioMix(clips=0, sound_videos=0, images=0, text_chats=0)
+
+
+def test_options_come_from_the_command_line_and_need_an_omni_family() -> None:
+    args = argparse.Namespace(audio_clips=12, sound_videos=2, family="all", seq_length=None, buffer_sizes=[8, 64],
+                              workers=1, epochs=2, prefetch_factor=1)
+    options = audio_bench_options(args)
+    assert options.families == OMNI_FAMILIES and options.mix == AudioMix(clips=12, sound_videos=2)
+    loader = options.loader
+    assert (loader.seq_length, loader.buffer_sizes, loader.workers, loader.epochs, loader.prefetch_factor) == (8192, (8,), 1, 2, 1)
+    assert loader.pixel_dtypes == AUDIO_LOADER.pixel_dtypes == ("uint8",)
+    with pytest.raises(ValueError, match="not qwen2.5-vl; fix: --family one of qwen2.5-omni"):
+        audio_bench_options(argparse.Namespace(**{**vars(args), "family": "qwen2.5-vl"}))
+    with pytest.raises(ValueError, match=r"buffer_sizes=\(16, 64\).*fix: give one of each"):
+        AudioBenchOptions(loader=replace(AUDIO_LOADER, buffer_sizes=(16, 64)))
+
+
+def test_audio_frames_of_a_row_ours_real_only_eager_padded() -> None:
+    ours = {"audio_inputs": AudioInputs.of([np.zeros((128, 100), np.float32), np.zeros((128, 37), np.float32)])}
+    mask = torch.zeros(2, 3000, dtype=torch.int32)
+    mask[0, :100], mask[1, :37] = 1, 1
+    eager = {"input_features": torch.zeros(2, 128, 3000), "feature_attention_mask": mask}
+    assert row_audio_frames(ours) == (137, 137)
+    assert row_audio_frames(eager) == (137, 6000)
+    assert row_audio_frames({"input_ids": torch.zeros(1, 8)}) == (0, 0)
+    figures = padding_figures(RunFigures(audio_frames=1000, carried_audio_frames=60000), n_mels=128)
+    assert figures["padding %"] == pytest.approx(100 * 59000 / 60000)
+    assert figures["encoder input MiB"] == pytest.approx(60000 * 128 * 4 / 2**20)
+    assert padding_figures(RunFigures(), n_mels=128)["padding %"] == 0.0
+
+
+def test_the_eager_side_hears_each_sound_in_placeholder_order() -> None:
+    frames = np.zeros((8, 32, 32, 3), np.uint8)
+    videos = [encode_video_with_sound(frames, 4, speech_like(s, 16000, seed=i)) for i, s in enumerate((2.0, 3.0))]
+    audios = [encode_audio(speech_like(1.0, 22050, seed=5), 22050, "mp3")]
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "audio"}, {"type": "video"}, {"type": "text", "text": "?"}]}]
+    processor = SimpleNamespace(feature_extractor=EXTRACTOR)
+    heard = omni_audio_kwargs(processor, messages, audios, videos, use_audio_in_video=True)
+    assert heard["load_audio_from_video"] is True and heard["audio_from_video_indices"] == [0, None, 1]
+    assert [round(w.size / 16000) for w in heard["audio"]] == [2, 1, 3]  # 16 kHz mono, slot by slot
+    assert all(w.dtype == np.float32 and w.ndim == 1 for w in heard["audio"])
+    alone = omni_audio_kwargs(processor, messages, audios, videos, use_audio_in_video=False)
+    assert list(alone) == ["audio"] and [round(w.size / 16000) for w in alone["audio"]] == [1]
+
+
+@pytest.fixture(scope="module")
+def tiny_mix(tmp_path_factory):
+    return tmp_path_factory.mktemp("audio_mix")
+
+
+@pytest.mark.slow
+def test_the_mix_holds_every_kind_of_sample_and_is_made_once(tiny_mix) -> None:
+    dataset = audio_mix_dataset(tiny_mix, TINY_MIX)
+    raw = dataset.parent / "raw"
+    records = [json.loads(line) for line in (raw / "records.jsonl").read_text().splitlines()]
+    kinds = sorted(r["id"].rstrip("0123456789") for r in records)
+    # 6 clips: 5 audio chats (the fifth hears two clips), 1 video, 2 images (one with a clip), 1 text chat.
+    assert kinds == ["audio"] * 5 + ["image"] * 2 + ["text"] + ["video"]
+    assert sorted(len(r.get("audios", [])) for r in records if r["id"].startswith("audio")) == [1, 1, 1, 1, 2]
+    assert {name.rpartition(".")[2] for r in records for name in r.get("audios", [])} == {"wav", "flac", "mp3", "m4a", "ogg"}
+    video = next(r for r in records if r["id"].startswith("video"))
+    assert video["use_audio_in_video"] is True
+    with av.open(str(raw / video["videos"][0])) as container:
+        assert container.streams.video and container.streams.audio[0].codec_context.name == "aac"
+    stamp = (raw / "records.jsonl").stat().st_mtime_ns
+    assert audio_mix_dataset(tiny_mix, TINY_MIX) == dataset and (raw / "records.jsonl").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tiny_mix) -> None:
+    from energon_pack.qwen.processor import load_processor
+
+    loader = replace(AUDIO_LOADER, seq_length=4096, buffer_sizes=(4,), workers=1, epochs=1, prefetch_factor=1)
+    options = AudioBenchOptions(mix=TINY_MIX, families=OMNI_FAMILIES[:1], loader=loader)
+    (title, rows, columns), (padding_title, padding, _) = bench_audio_mix(tiny_mix, options)
+    assert "audio mix" in title and "6 clips" in title and "padded to 300 s" in padding_title
+    family = OMNI_FAMILIES[0]
+    assert [(r["family"], r["side"]) for r in rows] == [(family, side) for side in ("ours", "eager", "ours / eager")]
+    ours, eager, ratio = rows
+    for row in rows:
+        insane = {name: row[name] for name in columns[2:] if name in row and not (math.isfinite(row[name]) and row[name] > 0)}
+        assert not insane, f"{row['side']}: not positive and finite: {insane}"
+    assert ours["samples"] == eager["samples"] == 9  # every record, on both sides
+    assert ours["worker peak RSS MiB"] >= ours["worker peak USS MiB"] and eager["worker peak RSS MiB"] >= eager["worker peak USS MiB"]
+    assert ratio["samples/s"] == pytest.approx(ours["samples/s"] / eager["samples/s"])
+    assert ratio["worker peak USS MiB"] == pytest.approx(ours["worker peak USS MiB"] / eager["worker peak USS MiB"])
+    pad_ours, pad_eager, pad_ratio = padding
+    # The same sounds on both sides: the HF mask counts exactly our real frames; ours carries nothing else.
+    assert pad_ours["real frames"] == pad_eager["real frames"] == pad_ours["frames carried"] > 0
+    # Eager carries every sound padded to the extractor's n_samples: 8 sounds (7 clips heard, 1 video).
+    frames_per_sound = load_processor(family=family).feature_extractor.nb_max_frames
+    assert pad_eager["frames carried"] == 8 * frames_per_sound and pad_ours["padding %"] == 0.0
+    assert pad_ratio["frames carried"] == pytest.approx(pad_ours["frames carried"] / pad_eager["frames carried"]) < 0.01

@@ -22,7 +22,9 @@ from typing import Any
 
 from energon_pack.qwen.family import OMNI_FAMILIES
 from energon_pack.tools.audio_mix import AUDIO_MIX_CODECS, AudioMix, audio_mix_dataset
-from energon_pack.tools.bench_loader import LoaderBenchOptions, RunFigures, check_one_setting, measure_settings, settings_of, side_figures
+from energon_pack.tools.bench_loader import (
+    LoaderBenchOptions, RunFigures, check_one_setting, measure_settings, one_setting_from_args, settings_of, side_figures,
+)
 
 __all__ = ["AUDIO_LOADER", "AudioBenchOptions", "audio_bench_options", "audio_tables", "bench_audio_mix", "padding_figures"]
 
@@ -117,14 +119,7 @@ def bench_audio_mix(work_dir: Path, options: AudioBenchOptions) -> list[tuple[st
 
 def audio_bench_options(args: Any) -> AudioBenchOptions:
     """The audio bench's knobs from the command line (``--family all``: every Omni family)."""
-    loader = replace(
-        AUDIO_LOADER,
-        seq_length=args.seq_length if args.seq_length is not None else AUDIO_LOADER.seq_length,
-        buffer_sizes=(args.buffer_sizes[0],),
-        workers=args.workers,
-        epochs=args.epochs,
-        prefetch_factor=args.prefetch_factor,
-    )
+    loader = one_setting_from_args(AUDIO_LOADER, args)
     return AudioBenchOptions(
         mix=AudioMix(clips=args.audio_clips, sound_videos=args.sound_videos),
         families=OMNI_FAMILIES if args.family == "all" else (args.family,),

@@ -45,6 +45,7 @@ __all__ = [
     "WorkerMemorySampler",
     "bench_loader",
     "check_one_setting",
+    "one_setting_from_args",
     "loader_bench_tables",
     "loader_options",
     "measure_settings",
@@ -196,6 +197,21 @@ def check_one_setting(options: LoaderBenchOptions, bench: str) -> None:
             f"{bench} compares ours and eager at one setting, not buffer_sizes={options.buffer_sizes} "
             f"and pixel_dtypes={options.pixel_dtypes}; fix: give one of each"
         )
+
+
+def one_setting_from_args(base: LoaderBenchOptions, args: Any) -> LoaderBenchOptions:
+    """``base`` with the command line's row width (``--seq-length``; None keeps base's), first buffer
+    size, workers, epochs and prefetch factor: the one setting of the realistic and audio benches."""
+    import dataclasses
+
+    return dataclasses.replace(
+        base,
+        seq_length=args.seq_length if args.seq_length is not None else base.seq_length,
+        buffer_sizes=(args.buffer_sizes[0],),
+        workers=args.workers,
+        epochs=args.epochs,
+        prefetch_factor=args.prefetch_factor,
+    )
 
 
 def settings_of(options: LoaderBenchOptions) -> list[LoaderSetting]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from energon_pack.tools.bench_loader import (
-    LoaderBenchOptions, RunFigures, check_one_setting, measure_settings, settings_of, side_figures,
+    LoaderBenchOptions, RunFigures, check_one_setting, measure_settings, one_setting_from_args, settings_of, side_figures,
 )
 from energon_pack.tools.realistic_mix import RealisticMix, clip_durations, realistic_dataset
 
@@ -137,14 +137,7 @@ def bench_realistic(work_dir: Path, options: RealisticBenchOptions) -> list[tupl
 def realistic_options(args: Any) -> RealisticBenchOptions:
     """The realistic bench's knobs from the command line (``--family all`` is every family of `REALISTIC_FAMILIES`)."""
     mix = RealisticMix(photos=args.photos, clip_seconds=clip_durations(args.clips)).scaled(args.mix_scale)
-    loader = replace(
-        REALISTIC_LOADER,
-        seq_length=args.seq_length if args.seq_length is not None else REALISTIC_LOADER.seq_length,
-        buffer_sizes=(args.buffer_sizes[0],),
-        workers=args.workers,
-        epochs=args.epochs,
-        prefetch_factor=args.prefetch_factor,
-    )
+    loader = one_setting_from_args(REALISTIC_LOADER, args)
     return RealisticBenchOptions(
         mix=mix,
         families=REALISTIC_FAMILIES if args.family == "all" else (args.family,),

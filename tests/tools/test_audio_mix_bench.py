@@ -139,4 +139,5 @@ def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tin
     # Eager carries every sound padded to the extractor's n_samples: 8 sounds (7 clips heard, 1 video).
     frames_per_sound = load_processor(family=family).feature_extractor.nb_max_frames
     assert pad_eager["frames carried"] == 8 * frames_per_sound and pad_ours["padding %"] == 0.0
-    assert pad_ratio["frames carried"] == pytest.approx(pad_ours["frames carried"] / pad_eager["frames carried"]) < 0.01
+    assert pad_ratio["frames carried"] == pytest.approx(pad_ours["frames carried"] / pad_eager["frames carried"])
+    assert pad_ratio["frames carried"] < 0.01  # 8 sounds of 0.5-2 s against 8 x 300 s

@@ -59,6 +59,16 @@ PROCESSED_FIELDS = (
 )
 
 
+def padded_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` concatenated along dim 0, each first zero-padded along its last dim to the longest
+    (a padded batch: audio features the processor padded per sample, to different lengths).
+
+    Example: [2, 128, 300] and [1, 128, 500] -> [3, 128, 500]; [4, 1176] and [2, 1176] -> [6, 1176].
+    """
+    longest = max(t.shape[-1] for t in tensors)
+    return torch.cat([t if t.shape[-1] == longest else torch.nn.functional.pad(t, (0, longest - t.shape[-1])) for t in tensors])
+
+
 @edataclass
 class ProcessedSample(Sample):
     """Baseline sample: the full HF processor output of one chat (token ids, pixel and audio tensors)."""
@@ -150,7 +160,7 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
         }
         for name in PROCESSED_FIELDS:
             present = [getattr(s, name) for s in samples if getattr(s, name) is not None]
-            row[name] = torch.cat(present) if present else None
+            row[name] = padded_cat(present) if present else None
         return row
 
     @stateless

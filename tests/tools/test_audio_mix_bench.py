@@ -19,7 +19,7 @@ from energon_pack.data.synthetic import encode_audio, encode_video_with_sound, s
 from energon_pack.qwen.family import OMNI_FAMILIES
 from energon_pack.tools.audio_mix import AUDIO_MIX_CODECS, AudioMix, audio_mix_dataset
 from energon_pack.tools.bench_audio_mix import AUDIO_LOADER, AudioBenchOptions, audio_bench_options, bench_audio_mix, padding_figures
-from energon_pack.tools.bench_loader import RunFigures, row_audio_frames
+from energon_pack.tools.bench_loader import RunFigures, padded_cat, row_audio_frames
 from energon_pack.tools.common import omni_audio_kwargs
 
 #: A mix small enough for a test: every kind of sample of the real one, short and small.
@@ -76,6 +76,17 @@ def test_audio_frames_of_a_row_ours_real_only_eager_padded() -> None:
     assert figures["padding %"] == pytest.approx(100 * 59000 / 60000)
     assert figures["encoder input MiB"] == pytest.approx(60000 * 128 * 4 / 2**20)
     assert padding_figures(RunFigures(), n_mels=128)["padding %"] == 0.0
+
+
+def test_an_eager_row_pads_each_samples_features_to_the_rows_longest() -> None:
+    # Qwen3-Omni pads a sample's clips to its longest, so samples of one row differ in length.
+    first, second = torch.ones(2, 128, 300), torch.full((1, 128, 500), 2.0)
+    row = padded_cat([first, second])
+    assert row.shape == (3, 128, 500) and row[:2, :, 300:].abs().sum() == 0 and torch.equal(row[2], second[0])
+    masks = padded_cat([torch.ones(2, 300, dtype=torch.int32), torch.ones(1, 500, dtype=torch.int32)])
+    assert masks.dtype == torch.int32 and int(masks.sum()) == 2 * 300 + 500
+    pixels = [torch.zeros(4, 1176, dtype=torch.uint8), torch.ones(2, 1176, dtype=torch.uint8)]
+    assert torch.equal(padded_cat(pixels), torch.cat(pixels))
 
 
 def test_the_eager_side_hears_each_sound_in_placeholder_order() -> None:

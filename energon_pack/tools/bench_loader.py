@@ -290,13 +290,14 @@ class WorkerMemorySampler(threading.Thread):
 class RunFigures:
     """What one finite epoch of one setting measured."""
 
-    #: What the rows carried: samples and their keys, rows, real tokens, pixel payload bytes, and
-    #: audio feature frames: the clips' real frames and the frames the rows carry (padding included).
+    #: What the rows carried: samples and their keys, rows, real tokens, pixel payload bytes, sounds
+    #: and their audio feature frames: real, and as the rows carry them (padding included).
     samples: int = 0
     keys: set[str] = field(default_factory=set)
     rows: int = 0
     real_tokens: int = 0
     pixel_bytes: int = 0
+    sounds: int = 0
     audio_frames: int = 0
     carried_audio_frames: int = 0
     #: Wall seconds of the epoch in the trainer process.
@@ -344,19 +345,19 @@ def row_pixel_bytes(row: dict[str, Any]) -> int:
     return sum(t.nbytes for t in tensors if t is not None)
 
 
-def row_audio_frames(row: dict[str, Any]) -> tuple[int, int]:
-    """(real, carried) audio feature frames of a row, ours (``audio_inputs``: real frames only) or
-    eager (``input_features`` [n, n_mels, T] padded per clip, ``feature_attention_mask`` [n, T]).
+def row_audio_frames(row: dict[str, Any]) -> tuple[int, int, int]:
+    """(sounds, real frames, carried frames) of a row's audio features, ours (``audio_inputs``: real
+    frames only) or eager (``input_features`` [n, n_mels, T] padded, ``feature_attention_mask`` [n, T]).
 
-    Example: an eager row of two clips of 100 and 37 frames padded to 30000 -> (137, 60000).
+    Example: an eager row of two clips of 100 and 37 frames padded to 30000 -> (2, 137, 60000).
     """
     audio = row.get("audio_inputs")
     if audio is not None:
-        return audio.frames, audio.frames
+        return int(audio.audio_feature_lengths.numel()), audio.frames, audio.frames
     features, mask = row.get("input_features"), row.get("feature_attention_mask")
     if features is None:
-        return 0, 0
-    return int(mask.sum()), int(features.shape[0] * features.shape[-1])
+        return 0, 0, 0
+    return int(features.shape[0]), int(mask.sum()), int(features.shape[0] * features.shape[-1])
 
 
 def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: bool = True) -> RunFigures:
@@ -383,7 +384,8 @@ def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: boo
             figures.keys.update(row["__keys__"])
             figures.real_tokens += int(row["cu_seqlens_q"][-1])
             figures.pixel_bytes += row_pixel_bytes(row)
-            real, carried = row_audio_frames(row)
+            sounds, real, carried = row_audio_frames(row)
+            figures.sounds += sounds
             figures.audio_frames += real
             figures.carried_audio_frames += carried
             telemetry = row["__stats__"]

@@ -90,8 +90,8 @@ def hf_processor_outputs(
     ``sample_frame_indices`` and passed with ``do_sample_frames=False`` and their ``VideoMetadata``.
     Qwen-Omni: each sound (an audio, or with ``use_audio_in_video`` a video's sound track) decoded to
     the feature extractor's rate (`qwen.audio.decode_audio`), one per slot in placeholder order with
-    ``audio_from_video_indices`` and ``load_audio_from_video``; the processor pads each to its
-    ``n_samples`` (`omni_audio_kwargs`). Returns the processor's ``BatchFeature`` (tensors, batch of 1).
+    ``audio_from_video_indices`` and ``load_audio_from_video`` (`omni_audio_kwargs`); the processor
+    pads them as it does (Qwen2.5-Omni: each to 300 s). Returns the processor's ``BatchFeature`` (tensors, batch of 1).
     """
     from PIL import Image, ImageOps
 
@@ -133,9 +133,12 @@ def omni_audio_kwargs(
 
     Example: parts [video, audio] heard -> audio=[sound of videos[0], audios[0]], indices [0, None].
     """
+    from dataclasses import replace
+
     from energon_pack.qwen.audio import AudioSpec, decode_audio
 
-    spec = AudioSpec.from_feature_extractor(processor.feature_extractor)
+    # The processor hears what it is given, up to the model's cap: decode at its extractor's rate.
+    spec = replace(AudioSpec(), sampling_rate=int(processor.feature_extractor.sampling_rate))
     slots: list[int | None] = []
     video_index = 0
     for message in messages:

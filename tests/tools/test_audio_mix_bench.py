@@ -27,7 +27,7 @@ TINY_MIX = AudioMix(
     clips=6, clip_seconds=(0.5, 2.0), sound_videos=1, video_seconds=(1.0, 2.0), video_size=(64, 48), images=2,
     image_size=(64, 48), text_chats=1,
 )
-#: The released Qwen2.5-Omni feature extractor's numbers (what `AudioSpec.from_feature_extractor` reads).
+#: The released Qwen2.5-Omni feature extractor's numbers (what the bench reads of it).
 EXTRACTOR = SimpleNamespace(sampling_rate=16000, hop_length=160, n_samples=4_800_000, feature_size=128)
 
 
@@ -69,13 +69,13 @@ def test_audio_frames_of_a_row_ours_real_only_eager_padded() -> None:
     mask = torch.zeros(2, 3000, dtype=torch.int32)
     mask[0, :100], mask[1, :37] = 1, 1
     eager = {"input_features": torch.zeros(2, 128, 3000), "feature_attention_mask": mask}
-    assert row_audio_frames(ours) == (137, 137)
-    assert row_audio_frames(eager) == (137, 6000)
-    assert row_audio_frames({"input_ids": torch.zeros(1, 8)}) == (0, 0)
-    figures = padding_figures(RunFigures(audio_frames=1000, carried_audio_frames=60000), n_mels=128)
-    assert figures["padding %"] == pytest.approx(100 * 59000 / 60000)
+    assert row_audio_frames(ours) == (2, 137, 137)
+    assert row_audio_frames(eager) == (2, 137, 6000)
+    assert row_audio_frames({"input_ids": torch.zeros(1, 8)}) == (0, 0, 0)
+    figures = padding_figures(RunFigures(sounds=2, audio_frames=1000, carried_audio_frames=60000), EXTRACTOR)
+    assert figures["padding %"] == pytest.approx(100 * 59000 / 60000) and figures["s carried / sound"] == 300.0
     assert figures["encoder input MiB"] == pytest.approx(60000 * 128 * 4 / 2**20)
-    assert padding_figures(RunFigures(), n_mels=128)["padding %"] == 0.0
+    assert padding_figures(RunFigures(), EXTRACTOR)["padding %"] == 0.0
 
 
 def test_an_eager_row_pads_each_samples_features_to_the_rows_longest() -> None:
@@ -133,7 +133,7 @@ def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tin
     loader = replace(AUDIO_LOADER, seq_length=4096, buffer_sizes=(4,), workers=1, epochs=1, prefetch_factor=1)
     options = AudioBenchOptions(mix=TINY_MIX, families=OMNI_FAMILIES[:1], loader=loader)
     (title, rows, columns), (padding_title, padding, _) = bench_audio_mix(tiny_mix, options)
-    assert "audio mix" in title and "6 clips" in title and "padded to 300 s" in padding_title
+    assert "audio mix" in title and "6 clips" in title and "padded as the family's HF processor pads it" in padding_title
     family = OMNI_FAMILIES[0]
     assert [(r["family"], r["side"]) for r in rows] == [(family, side) for side in ("ours", "eager", "ours / eager")]
     ours, eager, ratio = rows
@@ -147,8 +147,9 @@ def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tin
     pad_ours, pad_eager, pad_ratio = padding
     # The same sounds on both sides: the HF mask counts exactly our real frames; ours carries nothing else.
     assert pad_ours["real frames"] == pad_eager["real frames"] == pad_ours["frames carried"] > 0
-    # Eager carries every sound padded to the extractor's n_samples: 8 sounds (7 clips heard, 1 video).
+    # 8 sounds (7 clips heard, 1 video's track); Qwen2.5-Omni's processor pads each to n_samples (300 s).
+    assert pad_ours["sounds"] == pad_eager["sounds"] == 8 and pad_ours["padding %"] == 0.0
     frames_per_sound = load_processor(family=family).feature_extractor.nb_max_frames
-    assert pad_eager["frames carried"] == 8 * frames_per_sound and pad_ours["padding %"] == 0.0
+    assert pad_eager["frames carried"] == 8 * frames_per_sound and pad_eager["s carried / sound"] == 300.0
     assert pad_ratio["frames carried"] == pytest.approx(pad_ours["frames carried"] / pad_eager["frames carried"])
     assert pad_ratio["frames carried"] < 0.01  # 8 sounds of 0.5-2 s against 8 x 300 s

@@ -1,9 +1,9 @@
 """``energon-pack bench --stage loader``: the packing loader against the eager design, on your data.
 
-The eager design is the Hugging Face processor in ``encode_sample`` (pixels for every buffered
-sample) and first-fit-decreasing per buffer with Energon's own ``PackingDataset``
-(`HFProcessorPackingTaskEncoder`), as Megatron-Bridge does. Both run on the
-same prepared dataset, row width and worker count; for every buffer size ours runs with each
+The eager design is the Hugging Face processor in ``encode_sample`` (pixels, and for Qwen-Omni
+audio features padded as the processor pads them, for every buffered sample) and
+first-fit-decreasing per buffer with Energon's own ``PackingDataset``
+(`HFProcessorPackingTaskEncoder`), as Megatron-Bridge does. Both run on the same prepared dataset, row width and worker count; for every buffer size ours runs with each
 pixel payload and eager with its float32 payload. Runs are interleaved (every setting once per
 round, the order alternating) and repeated ``--epochs`` times; each run is one finite epoch.
 
@@ -45,10 +45,12 @@ __all__ = [
     "WorkerMemorySampler",
     "bench_loader",
     "check_one_setting",
-    "one_setting_from_args",
     "loader_bench_tables",
     "loader_options",
     "measure_settings",
+    "one_setting_from_args",
+    "padded_cat",
+    "row_audio_frames",
     "side_figures",
 ]
 

@@ -11,7 +11,9 @@ interleaved ``epochs`` times (`bench_loader.measure_settings`).
 
 Per side: `bench_loader.side_figures` (samples/s and tokens/s, samples per worker CPU second,
 worker peak USS and RSS, worker CPU seconds). Padding: the audio feature frames the rows carried
-(what reaches the audio encoder) against the sounds' real frames, per side.
+(what reaches the audio encoder) against the sounds' real frames, per side. And where the workers'
+time went, per stage (`bench_loader.stage_split`; ours' "audio" is decoding and features at
+postencode, eager's "HF processor" its whole call).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from energon_pack.qwen.family import OMNI_FAMILIES
 from energon_pack.tools.audio_mix import AUDIO_MIX_CODECS, AudioMix, audio_mix_dataset
 from energon_pack.tools.bench_loader import (
     LoaderBenchOptions, RunFigures, check_one_setting, measure_settings, one_setting_from_args, settings_of, side_figures,
+    stage_split,
 )
 
 __all__ = ["AUDIO_LOADER", "AudioBenchOptions", "audio_bench_options", "audio_tables", "bench_audio_mix", "padding_figures"]
@@ -78,9 +81,11 @@ def audio_tables(options: AudioBenchOptions, dataset: Path) -> list[tuple[str, l
     ours / eager per family) and the audio padding table (real frames against frames carried)."""
     from energon_pack.qwen.processor import load_processor
 
+    from energon_pack.core.stage_times import STAGES
+
     loader_options = replace(options.loader, dataset=dataset)
     ours, eager = settings_of(loader_options)
-    figures, padding = [], []
+    figures, padding, split = [], [], []
     for family in options.families:
         processor = load_processor(family=family)  # type: ignore[arg-type]
         runs, _ = measure_settings([ours, eager], loader_options, dataset, processor)
@@ -89,8 +94,12 @@ def audio_tables(options: AudioBenchOptions, dataset: Path) -> list[tuple[str, l
             figures.append({"family": family, "side": side, **values})
         ratio = {name: sides["ours"][name] / sides["eager"][name] for name in sides["ours"] if name != "samples"}
         figures.append({"family": family, "side": "ours / eager", **ratio})
+        # Every stage either side timed: the named ones, then the rest ("audio", "HF processor").
+        seen = {stage for done in runs.values() for run in done for stage in run.stage_seconds}
+        stages = [*STAGES, *sorted(seen - set(STAGES))]
         for setting in (ours, eager):
             padding.append({"family": family, "side": setting.side, **padding_figures(runs[setting][0], processor.feature_extractor)})
+            split.append({"family": family, "side": setting.side, **stage_split(runs[setting], stages)})
         padding.append({
             "family": family, "side": "ours / eager",
             "frames carried": padding[-2]["frames carried"] / (padding[-1]["frames carried"] or 1),
@@ -110,7 +119,9 @@ def audio_tables(options: AudioBenchOptions, dataset: Path) -> list[tuple[str, l
         "audio padding: feature frames the rows carried (the audio encoder's input) against the sounds' real frames "
         "(eager: each sound padded as the family's HF processor pads it, then to the row's longest)"
     )
-    return [(title, figures, list(figures[0])), (padding_title, padding, list(padding[0]))]
+    split_title = "where worker time goes (median seconds over runs, summed over workers; % of the total)"
+    split_columns = list(dict.fromkeys(name for row in split for name in row))
+    return [(title, figures, list(figures[0])), (padding_title, padding, list(padding[0])), (split_title, split, split_columns)]
 
 
 def bench_audio_mix(work_dir: Path, options: AudioBenchOptions) -> list[tuple[str, list[dict[str, Any]], list[str]]]:

@@ -52,6 +52,7 @@ __all__ = [
     "padded_cat",
     "row_audio_frames",
     "side_figures",
+    "stage_split",
 ]
 
 #: Visual and (Qwen-Omni) audio fields of the processor output that the baseline buffers and packs:
@@ -483,6 +484,18 @@ def side_figures(runs: Sequence[RunFigures]) -> dict[str, float]:
     }
 
 
+def stage_split(runs: Sequence[RunFigures], stages: Sequence[str]) -> dict[str, float]:
+    """Where one side's worker time went: "worker s", the sum over ``stages`` of each stage's median
+    seconds over ``runs`` (summed over workers), then each stage's share of it in percent.
+
+    Example: runs with {"decode": 3.0, "probe": 1.0} and {"decode": 5.0, "probe": 1.0}, stages
+    ("probe", "decode") -> {"worker s": 5.0, "probe %": 20.0, "decode %": 80.0}.
+    """
+    seconds = {stage: statistics.median(run.stage_seconds.get(stage, 0.0) for run in runs) for stage in stages}
+    total = sum(seconds.values()) or 1.0
+    return {"worker s": total, **{f"{stage} %": 100 * value / total for stage, value in seconds.items()}}
+
+
 def loader_bench_tables(
     options: LoaderBenchOptions, dataset: Path, processor: Any = None
 ) -> list[tuple[str, list[dict[str, Any]], list[str]]]:
@@ -524,9 +537,7 @@ def loader_bench_tables(
             "rows": first.rows,
             "samples": first.samples,
         })
-        seconds = {stage: statistics.median(run.stage_seconds.get(stage, 0.0) for run in runs[setting]) for stage in (*STAGES, HF_PROCESSOR_STAGE)}
-        total = sum(seconds.values()) or 1.0
-        stages.append({"setting": setting.label, "worker s": total, **{f"{stage} %": 100 * value / total for stage, value in seconds.items()}})
+        stages.append({"setting": setting.label, **stage_split(runs[setting], (*STAGES, HF_PROCESSOR_STAGE))})
     title = (
         f"loader: {dataset} (W={options.seq_length}, {options.workers} workers, prefetch_factor "
         f"{options.prefetch_factor}, {options.epochs} interleaved runs per setting; eager = HF processor in "

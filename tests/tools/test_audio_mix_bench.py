@@ -132,7 +132,7 @@ def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tin
 
     loader = replace(AUDIO_LOADER, seq_length=4096, buffer_sizes=(4,), workers=1, epochs=1, prefetch_factor=1)
     options = AudioBenchOptions(mix=TINY_MIX, families=OMNI_FAMILIES[:1], loader=loader)
-    (title, rows, columns), (padding_title, padding, _) = bench_audio_mix(tiny_mix, options)
+    (title, rows, columns), (padding_title, padding, _), (_, split, split_columns) = bench_audio_mix(tiny_mix, options)
     assert "audio mix" in title and "6 clips" in title and "padded as the family's HF processor pads it" in padding_title
     family = OMNI_FAMILIES[0]
     assert [(r["family"], r["side"]) for r in rows] == [(family, side) for side in ("ours", "eager", "ours / eager")]
@@ -153,3 +153,8 @@ def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tin
     assert pad_eager["frames carried"] == 8 * frames_per_sound and pad_eager["s carried / sound"] == 300.0
     assert pad_ratio["frames carried"] == pytest.approx(pad_ours["frames carried"] / pad_eager["frames carried"])
     assert pad_ratio["frames carried"] < 0.01  # 8 sounds of 0.5-2 s against 8 x 300 s
+    # Where the workers' time went: ours decodes and featurises sounds ("audio"), eager is one processor call.
+    split_ours, split_eager = split
+    assert {"audio %", "HF processor %", "probe %"} <= set(split_columns) and split_ours["worker s"] > 0
+    assert split_ours["audio %"] > 0 and split_ours.get("HF processor %", 0.0) == 0.0 and split_eager["HF processor %"] > 50
+    assert sum(value for name, value in split_ours.items() if name.endswith("%")) == pytest.approx(100.0)

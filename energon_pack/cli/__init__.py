@@ -394,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
     inspect.add_argument(
         "--family", choices=FAMILIES, default=None,
-        help="count tokens with this family's offline processor, e.g. qwen2.5-omni for audio (default: qwen2.5-vl)",
+        help="count tokens with this family's offline processor, e.g. qwen2.5-omni or qwen3-omni for audio (default: qwen2.5-vl)",
     )
     inspect.set_defaults(func=_cmd_inspect)
     return parser

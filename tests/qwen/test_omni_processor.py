@@ -41,16 +41,20 @@ def test_qwen25_omni_specs_are_the_released_ones():
     assert OmniRopeSpec.from_processor(p) == OmniRopeSpec.released("qwen2.5-omni")
 
 
-def test_a_saved_qwen3_omni_processor_takes_its_constants_from_the_config(qwen3_omni, tmp_path):
+def test_a_real_qwen3_omni_processor_takes_its_constants_from_its_config(qwen3_omni):
+    """``load_processor(path)`` keeps the config found beside the processor; the family and the rope
+    constants then come from its ``model_type`` and ``thinker_config`` (here a distinct
+    ``position_id_per_seconds`` shows where the value came from)."""
     from transformers import Qwen3OmniMoeConfig
 
-    qwen3_omni.save_pretrained(tmp_path)
-    assert processor_family(load_processor(tmp_path)) == "qwen3-omni"  # by its class
-    Qwen3OmniMoeConfig(
-        thinker_config={"position_id_per_seconds": 13, "audio_token_id": 151675, "audio_start_token_id": 151669,
-                        "audio_config": {"n_window": 50}, "vision_config": {"spatial_merge_size": 2}},
-    ).save_pretrained(tmp_path)
-    reloaded = load_processor(tmp_path)
-    assert reloaded.energon_pack_model_config.model_type == "qwen3_omni_moe"
-    assert OmniRopeSpec.from_processor(reloaded) == OmniRopeSpec.released("qwen3-omni")
-    assert RopeSpec.from_processor(reloaded) == RopeSpec(family="qwen3-omni")
+    config = Qwen3OmniMoeConfig(
+        thinker_config={"position_id_per_seconds": 7, "audio_token_id": 151675, "audio_start_token_id": 151669},
+    )
+    qwen3_omni.energon_pack_model_config = config
+    try:
+        assert processor_family(qwen3_omni) == "qwen3-omni"
+        spec = OmniRopeSpec.from_processor(qwen3_omni)
+        assert spec.position_id_per_seconds == 7 and spec.n_window == 50 and spec.audio_token_id == 151675
+        assert RopeSpec.from_processor(qwen3_omni) == RopeSpec(family="qwen3-omni")
+    finally:
+        del qwen3_omni.energon_pack_model_config

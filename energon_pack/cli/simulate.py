@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from energon_pack.config import DEFAULT_ROUND_ROWS, PackingPolicy
 from energon_pack.errors import UsageError
@@ -22,14 +23,14 @@ def dataset_samples(dataset: str) -> list[MixSample]:
     return dataset_mix(dataset)[0]
 
 
-def dataset_mix(dataset: str) -> tuple[list[MixSample], str]:
+def dataset_mix(dataset: str, processor: Any = None) -> tuple[list[MixSample], str]:
     """Exact token counts, vision patches, media counts and grids of a prepared dataset's good
-    samples: from prepare's facts when fresh for the default processor, else via preencode (no
-    pixels); also the line saying which."""
+    samples: from prepare's facts when fresh for ``processor`` (None: the default one), else via
+    preencode (no pixels); also the line saying which."""
     from energon_pack.data.inspect_dataset import prepared_samples
     from energon_pack.rows.flops import grid_rows
 
-    samples, source = prepared_samples(dataset)
+    samples, source = prepared_samples(dataset, processor=processor)
     return [
         MixSample(
             tokens=sample.tokens,
@@ -43,9 +44,10 @@ def dataset_mix(dataset: str) -> tuple[list[MixSample], str]:
     ], source
 
 
-def run_simulate(args: argparse.Namespace) -> int:
+def run_simulate(args: argparse.Namespace, processor: Any = None) -> int:
     """Print the side-by-side table (and optionally save a plot). With
-    ``--max-row-vision-patches N`` every (W, buffer) is simulated without and with the budget."""
+    ``--max-row-vision-patches N`` every (W, buffer) is simulated without and with the budget;
+    ``processor`` (``--family``) counts a dataset's tokens (None: the default one)."""
     from energon_pack.packing.simulate import (
         format_table,
         plot_fill,
@@ -54,8 +56,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
 
     defaults = PackingPolicy()
+    if args.dataset is None and getattr(args, "family", None) is not None:
+        raise UsageError(
+            f"--family {args.family} counts a prepared dataset's tokens, but no --dataset is given (the reference mix "
+            "has its token counts already); fix: pass --dataset, or drop --family"
+        )
     if args.dataset is not None:
-        samples, measured = dataset_mix(args.dataset)
+        samples, measured = dataset_mix(args.dataset, processor)
         source = f"dataset {args.dataset} ({len(samples)} samples, {measured})"
     else:
         samples = reference_mix(args.samples, seed=0)

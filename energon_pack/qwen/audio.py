@@ -21,8 +21,10 @@ audio stream of a file is used, so a video's sound track decodes the same way.
   truncates. `decode_audio` stops reading once it holds ``max_samples``, so a 30-minute file costs
   the memory of its first 300 s (docs/worker_memory.md).
 - **Features** (`audio_features`): the feature extractor's log-mel spectrogram [n_mels, F] of the
-  waveform, F = ceil(n / hop_length) real frames, equal to what the Hugging Face processor gives
-  for the same waveform padded to ``n_samples`` (its ``feature_attention_mask`` frames).
+  waveform, F its real frames (`AudioSpec.feature_frames`: ceil(n / hop_length), one less when
+  the clip ends in the partial last hop of what the processor pads it to), equal to what the
+  Hugging Face processor gives for the same waveform padded as it pads it (Qwen2.5-Omni: to
+  ``n_samples``; Qwen3-Omni: to the longest clip of the sample), its ``feature_attention_mask`` frames.
 
 Every failure is a `BadMediaError` with a skip reason: ``corrupt_audio`` (no audio stream, a
 decoder error, a truncated file), ``empty_audio`` (no samples), ``undecodable_audio`` (a codec
@@ -32,7 +34,7 @@ this FFmpeg build cannot decode).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from io import BytesIO
 from typing import Any
@@ -59,26 +61,35 @@ _TAIL_FRAMES = 3
 
 @dataclass(frozen=True, kw_only=True)
 class AudioSpec:
-    """What the model's feature extractor reads: ``sampling_rate`` (Hz), ``hop_length`` (samples
-    per feature frame), ``max_samples`` (samples read at most: ``n_samples``), ``n_mels``.
+    """What the model's processor reads of a sound: ``sampling_rate`` (Hz), ``hop_length`` (samples
+    per feature frame), ``max_samples`` (samples read at most: the extractor's ``n_samples``, or a
+    lower ``max_audio_seconds`` cap), ``n_mels``, and how the processor pads a sample's clips
+    before the STFT: ``padded_samples`` (Qwen2.5-Omni: every clip to the extractor's ``n_samples``,
+    300 s) or, with ``padded_samples=None``, each clip to the longest clip of its sample
+    (Qwen3-Omni, ``padding=True``).
 
-    Example: the released Qwen2.5-Omni extractor -> ``AudioSpec(sampling_rate=16000,
-    hop_length=160, max_samples=4800000, n_mels=128)``.
+    Example: the released Qwen2.5-Omni processor -> ``AudioSpec(sampling_rate=16000,
+    hop_length=160, max_samples=4800000, n_mels=128, padded_samples=4800000)``.
     """
 
     sampling_rate: int = 16000
     hop_length: int = 160
     max_samples: int = 4_800_000
     n_mels: int = 128
+    padded_samples: int | None = 4_800_000
 
     @classmethod
-    def from_feature_extractor(cls, extractor: Any) -> AudioSpec:
-        """The spec of a Hugging Face ``WhisperFeatureExtractor``."""
+    def from_processor(cls, processor: Any) -> AudioSpec:
+        """The spec of a Hugging Face Omni processor: its ``WhisperFeatureExtractor`` and the
+        ``padding`` its ``audio_kwargs`` call that extractor with (Whisper's default: ``"max_length"``)."""
+        extractor = processor.feature_extractor
+        padding = dict(getattr(processor, "audio_kwargs", None) or {}).get("padding", "max_length")
         return cls(
             sampling_rate=int(extractor.sampling_rate),
             hop_length=int(extractor.hop_length),
             max_samples=int(extractor.n_samples),
             n_mels=int(extractor.feature_size),
+            padded_samples=None if padding in (True, "longest") else int(extractor.n_samples),
         )
 
     @property
@@ -86,10 +97,26 @@ class AudioSpec:
         """Seconds the model reads at most. Example: 4800000 samples at 16 kHz -> 300.0."""
         return self.max_samples / self.sampling_rate
 
-    def feature_frames(self, samples: int) -> int:
-        """Real feature frames of ``samples`` model-rate samples (capped at ``max_samples``):
-        ``ceil(min(samples, max_samples) / hop_length)``. Example: 16000 -> 100; 16001 -> 101."""
-        return math.ceil(min(samples, self.max_samples) / self.hop_length)
+    def padded_length(self, samples: Sequence[int]) -> int:
+        """Samples every clip of one sample is padded to (``samples``: each clip's, uncapped).
+
+        Example: (16000, 8000) -> 4800000 (Qwen2.5-Omni); 16000 (Qwen3-Omni: the longest, capped).
+        """
+        longest = max((min(n, self.max_samples) for n in samples), default=0)
+        return longest if self.padded_samples is None else max(self.padded_samples, longest)
+
+    def feature_frames(self, samples: int, padded: int | None = None) -> int:
+        """Real feature frames of a clip of ``samples`` model-rate samples (capped at ``max_samples``)
+        in a call padded to ``padded`` samples (default: ``padded_length([samples])``): the
+        extractor's mask, ``ceil(n / hop_length)``, less the last frame when the clip reaches the
+        padded length's partial last hop (the extractor drops the STFT's last frame).
+
+        Example: 16000 -> 100; 16001 -> 101 (Qwen2.5-Omni; Qwen3-Omni alone: 100); 8000 padded to 16001 -> 50.
+        """
+        clip = min(samples, self.max_samples)
+        padded = self.padded_length([samples]) if padded is None else padded
+        frames = math.ceil(clip / self.hop_length)
+        return frames - 1 if padded % self.hop_length and frames == math.ceil(padded / self.hop_length) else frames
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,21 +244,24 @@ def decode_audio(data: bytes, spec: AudioSpec = AudioSpec(), *, expected_samples
     return waveform.astype(np.float32, copy=False)
 
 
-def audio_features(waveform: np.ndarray, extractor: Any, spec: AudioSpec | None = None) -> np.ndarray:
-    """Log-mel features float32 [n_mels, F] of a mono waveform [n] (F = ``spec.feature_frames(n)``),
+def audio_features(waveform: np.ndarray, extractor: Any, spec: AudioSpec, *, padded: int | None = None) -> np.ndarray:
+    """Log-mel features float32 [n_mels, F] of a mono waveform [n] (F = ``spec.feature_frames(n, padded)``),
     equal to the Hugging Face processor's features of the same waveform on its real frames.
 
-    The processor pads every clip with zeros to ``n_samples`` (300 s) and normalises by the
-    clip's loudest frame; the loudest frame is always one that overlaps the waveform (silence is
-    the floor), so the waveform plus a few frames of zeros gives the same frames.
+    The processor pads every clip with zeros to ``padded`` samples (``spec.padded_length`` of the
+    sample's clips) and normalises by the clip's loudest frame; the loudest frame is always one
+    that overlaps the waveform (silence is the floor), so the waveform plus a few frames of zeros,
+    up to ``padded`` (where the STFT's reflect padding starts), gives the same frames.
     Example: 1 s at 16 kHz -> [128, 100].
     """
-    spec = spec or AudioSpec.from_feature_extractor(extractor)
     clip = np.asarray(waveform, dtype=np.float32)[: spec.max_samples]
-    frames = spec.feature_frames(clip.size)
-    padded = np.zeros(frames * spec.hop_length + _TAIL_FRAMES * max(spec.hop_length, int(extractor.n_fft)), dtype=np.float32)
-    padded[: clip.size] = clip
+    padded = spec.padded_length([clip.size]) if padded is None else padded
+    frames = spec.feature_frames(clip.size, padded)
+    tail = _TAIL_FRAMES * max(spec.hop_length, int(extractor.n_fft))
+    length = min(padded, frames * spec.hop_length + tail)
+    padded_clip = np.zeros(length, dtype=np.float32)
+    padded_clip[: clip.size] = clip
     features = extractor(
-        padded, sampling_rate=spec.sampling_rate, padding="do_not_pad", truncation=False, return_tensors="np"
+        padded_clip, sampling_rate=spec.sampling_rate, padding="do_not_pad", truncation=False, return_tensors="np"
     )["input_features"][0]
     return np.ascontiguousarray(features[:, :frames], dtype=np.float32)

@@ -4,11 +4,14 @@
 - Qwen3.5 / Qwen3.6: the official Qwen3.6 template (``templates/qwen3_6.jinja``): tools,
   ``reasoning_content``, ``preserve_thinking`` and ``add_vision_id`` (docs/qwen35.md).
 - Qwen2-VL / Qwen2.5-VL: ChatML with the default system prompt when the conversation has none,
-  written for this project (``_CHAT_TEMPLATE``). It renders every conversation without template
+  written for this project (``_chat_template(VL_MARKERS)``). It renders every conversation without template
   options exactly as the official Qwen2-VL / Qwen2.5-VL template (``templates/qwen2_5_vl.jinja``)
   does, and stays so that rows, saved states and plans keyed on its hash stay valid; the
   official one (``official_chat_template("qwen2.5-vl")``) adds ``add_vision_id``. Neither renders
   tools.
+- Qwen2.5-Omni / Qwen3-Omni: the same ChatML with each family's media markers (an audio part is
+  ``<|audio_bos|><|AUDIO|><|audio_eos|>`` / ``<|audio_start|><|audio_pad|><|audio_end|>``);
+  Qwen2.5-Omni's adds the default system prompt, Qwen3-Omni's none (docs/omni.md).
 
 The official texts and where they were taken from: ``templates/SOURCES.md``.
 
@@ -66,6 +69,12 @@ QWEN25_OMNI_MARKERS = {
     "video": "<|vision_bos|><|VIDEO|><|vision_eos|>",
     "audio": "<|audio_bos|><|AUDIO|><|audio_eos|>",
 }
+QWEN3_OMNI_MARKERS = {**VL_MARKERS, "audio": "<|audio_start|><|audio_pad|><|audio_end|>"}
+#: ChatML body and default system prompt of the families whose offline template is the project's.
+_OWN_TEMPLATES = {
+    "qwen2.5-omni": (QWEN25_OMNI_MARKERS, DEFAULT_SYSTEM_PROMPT),
+    "qwen3-omni": (QWEN3_OMNI_MARKERS, ""),
+}
 
 
 def _chat_template(markers: dict[str, str]) -> str:
@@ -81,9 +90,6 @@ def _chat_template(markers: dict[str, str]) -> str:
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
     )
-
-
-_CHAT_TEMPLATE = _chat_template(VL_MARKERS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,5 +112,5 @@ def chat_template_for(family: str) -> str:
     """
     if family in ("qwen3-vl", "qwen3.5"):
         return official_chat_template(family)
-    body = _chat_template(QWEN25_OMNI_MARKERS) if family == "qwen2.5-omni" else _CHAT_TEMPLATE
-    return "{%- set default_system = " + repr(DEFAULT_SYSTEM_PROMPT) + " -%}" + body
+    markers, default_system = _OWN_TEMPLATES.get(family, (VL_MARKERS, DEFAULT_SYSTEM_PROMPT))
+    return "{%- set default_system = " + repr(default_system) + " -%}" + _chat_template(markers)

@@ -23,7 +23,7 @@ from energon_pack.qwen.family import OMNI_FAMILIES, processor_family
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.media import BadMediaError, ImageInfo, VideoInfo, probe_frame_list, probe_image, probe_video
-from energon_pack.qwen.omni_rope import OmniRopeSpec, audio_token_count, omni_position_ids
+from energon_pack.qwen.omni_rope import OmniMedia, OmniRopeSpec, omni_position_ids
 from energon_pack.qwen.pixels import ImagePatcher, PixelSlots, VideoPatcher, image_pixels, video_pixels
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
 from energon_pack.qwen.template import (
@@ -93,9 +93,10 @@ class EncodedChat:
     audio: AudioInputs | None = None
 
 
-#: Frames per second ``Qwen2_5OmniProcessor`` takes for a video's seconds per grid step
-#: (``temporal_patch_size / fps``) when no ``fps`` is passed to it: its hard-coded 2.0.
-OMNI_VIDEO_FPS = 2.0
+#: Frames per second each Omni processor takes for a video's seconds per grid step
+#: (``temporal_patch_size / fps``) when no ``fps`` is passed to it: ``Qwen2_5OmniProcessor``'s
+#: hard-coded 2.0, ``Qwen3OmniMoeProcessor``'s 1.0 (whatever rate the frames were sampled at).
+OMNI_VIDEO_FPS = {"qwen2.5-omni": 2.0, "qwen3-omni": 1.0}
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class OmniHearing:
         """None for a processor of a family that hears nothing (Qwen-VL)."""
         if processor_family(processor) not in OMNI_FAMILIES:
             return None
-        spec = AudioSpec.from_feature_extractor(processor.feature_extractor)
+        spec = AudioSpec.from_processor(processor)
         if max_audio_seconds is not None:
             cap = int(max_audio_seconds * spec.sampling_rate)
             if not 0 < cap <= spec.max_samples:
@@ -128,12 +129,6 @@ class OmniHearing:
         """Model-rate samples of one audio file or video sound track; over the cap: skipped
         (``audio_too_long``) unless trimmed."""
         samples = probe_audio(data, self.spec, count_up_to=self.spec.max_samples).samples
-        if self.tokens(samples) == 0:
-            raise BadMediaError(
-                "empty_audio",
-                f"audio of {samples} samples ({samples / self.spec.sampling_rate * 1000:.0f} ms) gives the model no "
-                "token (it needs 3 feature frames, 30 ms); fix: drop the clip",
-            )
         if samples > self.spec.max_samples and not self.trim:
             raise BadMediaError(
                 "audio_too_long",
@@ -142,18 +137,30 @@ class OmniHearing:
             )
         return samples
 
-    def tokens(self, samples: int) -> int:
-        """LLM tokens of an audio of ``samples`` model-rate samples (capped)."""
-        return audio_token_count(self.spec.feature_frames(samples))
+    def tokens(self, samples: Sequence[int]) -> list[int]:
+        """LLM tokens of each sound of one sample (``samples``: model-rate samples of each, uncapped;
+        the frames of one depend on what the processor pads the sample's clips to). A sound without
+        a token is skipped (``empty_audio``)."""
+        padded = self.spec.padded_length(samples)
+        tokens = [self.rope.audio_tokens(self.spec.feature_frames(n, padded)) for n in samples]
+        for n, count in zip(samples, tokens):
+            if count == 0:
+                raise BadMediaError(
+                    "empty_audio",
+                    f"audio of {n} samples ({n / self.spec.sampling_rate * 1000:.0f} ms) gives the model no token "
+                    f"(too few feature frames of {self.spec.hop_length} samples); fix: drop the clip",
+                )
+        return tokens
 
 
 @dataclass(frozen=True)
 class _Hearing:
     """The sounds of one Omni sample in token order: sources (see ``PreparedChat.audio_sources``),
-    model-rate samples of each, and the sample's number of videos."""
+    model-rate samples of each, LLM tokens of each, and the sample's number of videos."""
 
     sources: list[int]
     samples: list[int]
+    tokens: list[int]
     videos: int
 
 
@@ -304,7 +311,7 @@ class QwenChatEncoder:
                     "audio_not_supported",
                     f"the sample has {len(audios)} audio(s) / use_audio_in_video={use_audio_in_video} but "
                     f"{type(self.processor).__name__} is a vision-only processor; fix: train a Qwen-Omni model "
-                    "(load_processor(family='qwen2.5-omni')), or drop the audio",
+                    "(load_processor(family='qwen2.5-omni') or 'qwen3-omni'), or drop the audio",
                 )
             return None
         kinds = [part["type"] for message in conversation for part in message["content"] if part["type"] in ("audio", "video")]
@@ -332,10 +339,10 @@ class QwenChatEncoder:
             video_index += 1
         with timed("probe"):
             samples = [self.hearing.samples(audios[i] if i >= 0 else videos[-1 - i]) for i in sources]
-        return _Hearing(sources=sources, samples=samples, videos=len(videos))
+        return _Hearing(sources=sources, samples=samples, tokens=self.hearing.tokens(samples), videos=len(videos))
 
     def _sound_tokens(self, hearing: _Hearing) -> SoundTokens:
-        tokens = dict(zip(hearing.sources, map(self.hearing.tokens, hearing.samples)))
+        tokens = dict(zip(hearing.sources, hearing.tokens))
         return SoundTokens(
             audios=tuple(tokens[i] for i in sorted(i for i in hearing.sources if i >= 0)),
             videos=tuple(tokens.get(-1 - j) for j in range(hearing.videos)),
@@ -343,9 +350,10 @@ class QwenChatEncoder:
         )
 
     def _video_second_per_grid(self, videos: int) -> tuple[float, ...]:
-        """Seconds per temporal grid step of each of ``videos`` videos, as ``Qwen2_5OmniProcessor``
-        sets them: ``temporal_patch_size / 2.0`` (its fps when none is passed). Example: 2 -> (1.0, 1.0)."""
-        return (self.vision.temporal_patch_size / OMNI_VIDEO_FPS,) * videos
+        """Seconds per temporal grid step of each of ``videos`` videos, as the Omni processor sets
+        them: ``temporal_patch_size / OMNI_VIDEO_FPS[family]`` (its fps when none is passed).
+        Example: 2 videos -> (1.0, 1.0) (Qwen2.5-Omni), (2.0, 2.0) (Qwen3-Omni)."""
+        return (self.vision.temporal_patch_size / OMNI_VIDEO_FPS[self.hearing.rope.family],) * videos
 
     def _tokenize(self, chat: _Chat, geometry: MediaGeometry, hearing: _Hearing | None = None) -> TokenizedConversation:
         grids = dict(image_grid_thw=geometry.image_grid_thw, video_grid_thw=geometry.video_grid_thw, videos=geometry.timings)
@@ -430,15 +438,14 @@ class QwenChatEncoder:
         audio = self._audio_inputs(prepared, audios, videos) if self.hearing is not None else None
         with timed("rope"):
             if self.hearing is not None:
-                mrope = omni_position_ids(
-                    prepared.input_ids,
-                    spec=self.hearing.rope,
+                media = OmniMedia(
                     image_grid_thw=prepared.image_grid_thw,
                     video_grid_thw=prepared.video_grid_thw,
                     audio_feature_lengths=None if audio is None else audio.audio_feature_lengths,
                     video_second_per_grid=self._video_second_per_grid(len(videos)),
                     use_audio_in_video=prepared.use_audio_in_video,
                 )
+                mrope = omni_position_ids(prepared.input_ids, media, spec=self.hearing.rope)
             else:
                 mrope = mrope_position_ids(
                     prepared.input_ids,
@@ -462,11 +469,12 @@ class QwenChatEncoder:
         if not prepared.audio_sources:
             return None
         features = []
+        padded = self.hearing.spec.padded_length(prepared.audio_samples)
         with timed("audio"):
             for source, samples in zip(prepared.audio_sources, prepared.audio_samples):
                 data = audios[source] if source >= 0 else videos[-1 - source]
                 waveform = decode_audio(data, self.hearing.spec, expected_samples=samples)
-                features.append(audio_features(waveform, self.hearing.extractor, self.hearing.spec))
+                features.append(audio_features(waveform, self.hearing.extractor, self.hearing.spec, padded=padded))
         return AudioInputs.of(features)
 
     def _normalisation_constants(self) -> dict[str, Any]:

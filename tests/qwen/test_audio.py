@@ -29,6 +29,14 @@ def test_spec_frames_and_cap():
     assert [spec.feature_frames(n) for n in (1, 160, 161, 16000, 10**9)] == [1, 1, 2, 100, 30000]
 
 
+def test_longest_padding_frames():
+    """Qwen3-Omni pads a sample's clips to the longest: that clip loses its partial last hop's frame."""
+    spec = AudioSpec(padded_samples=None)
+    assert [spec.feature_frames(n) for n in (1, 160, 161, 16000, 16001)] == [0, 1, 1, 100, 100]
+    assert spec.padded_length([8000, 16001]) == 16001
+    assert [spec.feature_frames(n, 16001) for n in (8000, 15999, 16001)] == [50, 100, 100]
+
+
 def test_16khz_pcm_decodes_exactly_from_the_header():
     samples = np.array([0, 16384, -32768, 32767, 5], dtype=np.int16)
     data = _wav(1, samples.tobytes())
@@ -93,9 +101,25 @@ def test_features_equal_the_hf_padded_features():
         waveform = (0.1 * rng.standard_normal(n)).astype(np.float32)
         ref = extractor(waveform, sampling_rate=16000, padding="max_length", return_attention_mask=True, return_tensors="np")
         frames = int(ref["attention_mask"][0].sum())
-        ours = audio_features(waveform, extractor)
+        ours = audio_features(waveform, extractor, AudioSpec())
         assert ours.shape == (128, frames)
         np.testing.assert_allclose(ours, ref["input_features"][0][:, :frames], atol=1e-5, rtol=0)
+
+
+def test_features_equal_the_hf_longest_padded_features():
+    """Clips padded to the sample's longest (Qwen3-Omni's ``padding=True``): every clip's real frames,
+    the longest's end seen through the STFT's reflect padding, as the extractor gives them."""
+    extractor = WhisperFeatureExtractor(feature_size=128, chunk_length=300, dither=0.0, return_attention_mask=True)
+    spec = AudioSpec(padded_samples=None)
+    rng = np.random.default_rng(1)
+    clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (12345, 4000, 12300)]
+    ref = extractor(clips, sampling_rate=16000, padding=True, return_attention_mask=True, return_tensors="np")
+    padded = spec.padded_length([c.size for c in clips])
+    for index, clip in enumerate(clips):
+        frames = int(ref["attention_mask"][index].sum())
+        assert spec.feature_frames(clip.size, padded) == frames
+        ours = audio_features(clip, extractor, spec, padded=padded)
+        np.testing.assert_allclose(ours, ref["input_features"][index][:, :frames], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(

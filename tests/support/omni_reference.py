@@ -1,5 +1,6 @@
-"""Test helpers: Qwen2.5-Omni samples with generated media, and the Hugging Face reference for one
-sample alone: the processor's outputs and the thinker's ``get_rope_index`` positions."""
+"""Test helpers: Qwen-Omni samples with generated media, and the Hugging Face reference for one
+sample alone: the processor's outputs and the thinker's ``get_rope_index`` positions (Qwen2.5-Omni
+and Qwen3-Omni: the thinker class follows the config)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import av
 import numpy as np
 import torch
 from PIL import Image
-from transformers import Qwen2_5OmniThinkerForConditionalGeneration
+from transformers import Qwen2_5OmniThinkerForConditionalGeneration, Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration
 from transformers.video_utils import VideoMetadata
 
 from energon_pack.data.synthetic import encode_image
@@ -98,9 +99,12 @@ def reference_omni_inputs(
 
 
 def reference_rope(config: Any, inputs: Any, use_audio_in_video: bool) -> torch.Tensor:
-    """``Qwen2_5OmniThinkerForConditionalGeneration.get_rope_index`` of one sample: int64 [3, L]
-    (called on a holder of the config: the method reads nothing else of the model)."""
-    model = Qwen2_5OmniThinkerForConditionalGeneration
+    """The thinker's ``get_rope_index`` of one sample (``Qwen2_5OmniThinkerForConditionalGeneration``,
+    or ``Qwen3OmniMoeThinkerForConditionalGeneration`` for a Qwen3-Omni config): int64 [3, L]
+    (called on a holder of the config: the method reads nothing else of the model; Qwen3-Omni's
+    float positions are whole numbers, checked)."""
+    qwen3 = isinstance(config, Qwen3OmniMoeThinkerConfig)
+    model = Qwen3OmniMoeThinkerForConditionalGeneration if qwen3 else Qwen2_5OmniThinkerForConditionalGeneration
     holder = SimpleNamespace(config=config, spatial_merge_size=config.vision_config.spatial_merge_size)
     holder.get_llm_pos_ids_for_vision = partial(model.get_llm_pos_ids_for_vision, holder)
     holder.get_chunked_index = partial(model.get_chunked_index, holder)
@@ -115,7 +119,9 @@ def reference_rope(config: Any, inputs: Any, use_audio_in_video: bool) -> torch.
         None if mask is None else mask.sum(-1),
         inputs.get("video_second_per_grid"),
     )
-    return positions[:, 0]
+    positions = positions[:, 0]
+    assert torch.equal(positions, positions.round()), "get_rope_index gave fractional positions"
+    return positions.long()
 
 
 @dataclass(frozen=True)

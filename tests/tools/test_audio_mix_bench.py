@@ -131,30 +131,34 @@ def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tin
     from energon_pack.qwen.processor import load_processor
 
     loader = replace(AUDIO_LOADER, seq_length=4096, buffer_sizes=(4,), workers=1, epochs=1, prefetch_factor=1)
-    options = AudioBenchOptions(mix=TINY_MIX, families=OMNI_FAMILIES[:1], loader=loader)
+    options = AudioBenchOptions(mix=TINY_MIX, loader=loader)  # every Omni family
     (title, rows, columns), (padding_title, padding, _), (_, split, split_columns) = bench_audio_mix(tiny_mix, options)
     assert "audio mix" in title and "6 clips" in title and "padded as the family's HF processor pads it" in padding_title
-    family = OMNI_FAMILIES[0]
-    assert [(r["family"], r["side"]) for r in rows] == [(family, side) for side in ("ours", "eager", "ours / eager")]
-    ours, eager, ratio = rows
+    sides = ("ours", "eager", "ours / eager")
+    assert [(r["family"], r["side"]) for r in rows] == [(family, side) for family in OMNI_FAMILIES for side in sides]
+    assert [(r["family"], r["side"]) for r in padding] == [(r["family"], r["side"]) for r in rows]
     for row in rows:
         insane = {name: row[name] for name in columns[2:] if name in row and not (math.isfinite(row[name]) and row[name] > 0)}
-        assert not insane, f"{row['side']}: not positive and finite: {insane}"
-    assert ours["samples"] == eager["samples"] == 9  # every record, on both sides
-    assert ours["worker peak RSS MiB"] >= ours["worker peak USS MiB"] and eager["worker peak RSS MiB"] >= eager["worker peak USS MiB"]
-    assert ratio["samples/s"] == pytest.approx(ours["samples/s"] / eager["samples/s"])
-    assert ratio["worker peak USS MiB"] == pytest.approx(ours["worker peak USS MiB"] / eager["worker peak USS MiB"])
-    pad_ours, pad_eager, pad_ratio = padding
-    # The same sounds on both sides: the HF mask counts exactly our real frames; ours carries nothing else.
-    assert pad_ours["real frames"] == pad_eager["real frames"] == pad_ours["frames carried"] > 0
-    # 8 sounds (7 clips heard, 1 video's track); Qwen2.5-Omni's processor pads each to n_samples (300 s).
-    assert pad_ours["sounds"] == pad_eager["sounds"] == 8 and pad_ours["padding %"] == 0.0
-    frames_per_sound = load_processor(family=family).feature_extractor.nb_max_frames
-    assert pad_eager["frames carried"] == 8 * frames_per_sound and pad_eager["s carried / sound"] == 300.0
-    assert pad_ratio["frames carried"] == pytest.approx(pad_ours["frames carried"] / pad_eager["frames carried"])
-    assert pad_ratio["frames carried"] < 0.01  # 8 sounds of 0.5-2 s against 8 x 300 s
-    # Where the workers' time went: ours decodes and featurises sounds ("audio"), eager is one processor call.
-    split_ours, split_eager = split
-    assert {"audio %", "HF processor %", "probe %"} <= set(split_columns) and split_ours["worker s"] > 0
-    assert split_ours["audio %"] > 0 and split_ours.get("HF processor %", 0.0) == 0.0 and split_eager["HF processor %"] > 50
-    assert sum(value for name, value in split_ours.items() if name.endswith("%")) == pytest.approx(100.0)
+        assert not insane, f"{row['family']} {row['side']}: not positive and finite: {insane}"
+    for index, family in enumerate(OMNI_FAMILIES):
+        ours, eager, ratio = rows[3 * index : 3 * index + 3]
+        assert ours["samples"] == eager["samples"] == 9  # every record, on both sides
+        assert ours["worker peak RSS MiB"] >= ours["worker peak USS MiB"] and eager["worker peak RSS MiB"] >= eager["worker peak USS MiB"]
+        assert ratio["samples/s"] == pytest.approx(ours["samples/s"] / eager["samples/s"])
+        assert ratio["worker peak USS MiB"] == pytest.approx(ours["worker peak USS MiB"] / eager["worker peak USS MiB"])
+        pad_ours, pad_eager, pad_ratio = padding[3 * index : 3 * index + 3]
+        # The same 8 sounds on both sides (7 clips heard, 1 video's track): the HF mask counts exactly
+        # our real frames; ours carries nothing else, eager carries them padded.
+        assert pad_ours["sounds"] == pad_eager["sounds"] == 8 and pad_ours["padding %"] == 0.0
+        assert pad_ours["real frames"] == pad_eager["real frames"] == pad_ours["frames carried"] > 0
+        assert pad_eager["frames carried"] > pad_ours["frames carried"]
+        assert pad_ratio["frames carried"] == pytest.approx(pad_ours["frames carried"] / pad_eager["frames carried"])
+        # Where the workers' time went: ours decodes and featurises sounds ("audio"), eager is one processor call.
+        split_ours, split_eager = split[2 * index : 2 * index + 2]
+        assert {"audio %", "HF processor %", "probe %"} <= set(split_columns) and split_ours["worker s"] > 0
+        assert split_ours["audio %"] > 0 and split_ours.get("HF processor %", 0.0) == 0.0 and split_eager["HF processor %"] > 50
+        assert sum(value for name, value in split_ours.items() if name.endswith("%")) == pytest.approx(100.0)
+    # Qwen2.5-Omni's processor pads every sound to n_samples (300 s): 8 x 30000 frames.
+    qwen25 = padding[3 * OMNI_FAMILIES.index("qwen2.5-omni") + 1]
+    assert qwen25["frames carried"] == 8 * load_processor(family="qwen2.5-omni").feature_extractor.nb_max_frames
+    assert qwen25["s carried / sound"] == 300.0

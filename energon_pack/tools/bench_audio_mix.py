@@ -76,12 +76,17 @@ def padding_figures(run: RunFigures, extractor: Any) -> dict[str, float]:
     }
 
 
+def _ratio(ours: float, eager: float) -> float:
+    """ours / eager, nan when eager is 0. Example: (1.0, 4.0) -> 0.25; (0.0, 0.0) -> nan."""
+    return ours / eager if eager else float("nan")
+
+
 def audio_tables(options: AudioBenchOptions, dataset: Path) -> list[tuple[str, list[dict[str, Any]], list[str]]]:
     """Ours and eager per family on ``dataset``: the side-by-side table (a row per side, a ratio row
-    ours / eager per family) and the audio padding table (real frames against frames carried)."""
-    from energon_pack.qwen.processor import load_processor
-
+    ours / eager per family), the audio padding table (real frames against frames carried) and where
+    the workers' time went (stage shares per side)."""
     from energon_pack.core.stage_times import STAGES
+    from energon_pack.qwen.processor import load_processor
 
     loader_options = replace(options.loader, dataset=dataset)
     ours, eager = settings_of(loader_options)
@@ -92,7 +97,8 @@ def audio_tables(options: AudioBenchOptions, dataset: Path) -> list[tuple[str, l
         sides = {s.side: {**side_figures(runs[s]), "samples": runs[s][0].samples} for s in (ours, eager)}
         for side, values in sides.items():
             figures.append({"family": family, "side": side, **values})
-        ratio = {name: sides["ours"][name] / sides["eager"][name] for name in sides["ours"] if name != "samples"}
+        # nan where eager measured 0 (no worker processes with --workers 0: no worker memory).
+        ratio = {name: _ratio(sides["ours"][name], sides["eager"][name]) for name in sides["ours"] if name != "samples"}
         figures.append({"family": family, "side": "ours / eager", **ratio})
         # Every stage either side timed: the named ones, then the rest ("audio", "HF processor").
         seen = {stage for done in runs.values() for run in done for stage in run.stage_seconds}
@@ -102,8 +108,8 @@ def audio_tables(options: AudioBenchOptions, dataset: Path) -> list[tuple[str, l
             split.append({"family": family, "side": setting.side, **stage_split(runs[setting], stages)})
         padding.append({
             "family": family, "side": "ours / eager",
-            "frames carried": padding[-2]["frames carried"] / (padding[-1]["frames carried"] or 1),
-            "encoder input MiB": padding[-2]["encoder input MiB"] / (padding[-1]["encoder input MiB"] or 1),
+            "frames carried": _ratio(padding[-2]["frames carried"], padding[-1]["frames carried"]),
+            "encoder input MiB": _ratio(padding[-2]["encoder input MiB"], padding[-1]["encoder input MiB"]),
         })
     mix = options.mix
     codecs = "/".join(AUDIO_MIX_CODECS)

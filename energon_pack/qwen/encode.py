@@ -79,6 +79,8 @@ class PreparedChat:
     #: -1 - j: the sound track of ``videos[j]``), and its length in model-rate samples (uncapped).
     audio_sources: list[int] | None = None
     audio_samples: list[int] | None = None
+    #: Qwen-Omni: log-mel feature frames of all its sounds (capped; what the audio encoder reads, 0 without sound).
+    audio_frames: int = 0
     #: Qwen-Omni: whether the videos are heard with their sound (the record's ``use_audio_in_video``).
     use_audio_in_video: bool = False
 
@@ -282,6 +284,7 @@ class QwenChatEncoder:
             tokens_before_shrink=tokens_before_shrink,
             **({} if hearing is None else {
                 "audio_sources": hearing.sources, "audio_samples": hearing.samples,
+                "audio_frames": sum(map(self.hearing.spec.feature_frames, hearing.samples)),
                 "use_audio_in_video": use_audio_in_video,
             }),
         )

@@ -65,7 +65,8 @@ class PackingPolicy:
         per-row vision limit) is skipped (counted), raises, or is shrunk ("shrink": its images'
         pixel budget, then its videos' frame count, lowered to the largest setting that fits;
         skipped when even the processor's minimum does not fit, or when it has more media than
-        ``max_row_media``).
+        ``max_row_media``; Qwen-Omni sounds are never cut, and videos heard with their sound keep
+        their frames: docs/omni.md).
     mode: "online" packs rows of W per worker (bin selection with pending groups); "in_batch" packs
         every ``micro_batch_size`` consecutive samples into one variable-width row (needs
         ``fixed_width=False``; ``seq_length`` and the vision limits cap each sample). A pack plan

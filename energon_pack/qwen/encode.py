@@ -148,6 +148,12 @@ class OmniHearing:
         """LLM tokens of an audio of ``samples`` model-rate samples (capped)."""
         return audio_token_count(self.spec.feature_frames(samples))
 
+    def frames(self, samples: Sequence[int]) -> int:
+        """Log-mel frames of one sample's sounds together (``samples``: model-rate samples of each):
+        what its ``AudioInputs`` holds, ``row_cost["audio_frames"]`` of the sample alone.
+        Example: 16000 and 8000 samples at hop 160 -> 150."""
+        return sum(map(self.spec.feature_frames, samples))
+
 
 @dataclass(frozen=True)
 class _Hearing:
@@ -286,7 +292,7 @@ class QwenChatEncoder:
             tokens_before_shrink=tokens_before_shrink,
             **({} if hearing is None else {
                 "audio_sources": hearing.sources, "audio_samples": hearing.samples,
-                "audio_frames": sum(map(self.hearing.spec.feature_frames, hearing.samples)),
+                "audio_frames": self.hearing.frames(hearing.samples),
                 "use_audio_in_video": use_audio_in_video,
             }),
         )

@@ -4,7 +4,6 @@ counted skip ``over_audio_budget``."""
 
 from __future__ import annotations
 
-import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -17,19 +16,11 @@ from energon_pack.packing.algorithms import PackItem, RoundSize, RowBudget, _bes
 from energon_pack.packing.budget import row_budget, sample_misfit
 from energon_pack.packing.planner import RoundPlanner
 from energon_pack.plan.build import check_plan_budgets
+from tests.support.subset_reference import brute_force_best
 
 audio_items = st.lists(
     st.tuples(st.integers(1, 30), st.integers(0, 20), st.integers(0, 400)), min_size=0, max_size=8
 ).map(lambda rows: [PackItem(i, n, 0, vision=v, audio=a) for i, (n, v, a) in enumerate(rows)])
-
-
-def _brute_force_best(items: list[PackItem], room: RowBudget) -> int:
-    return max(
-        sum(it.length for it in subset)
-        for k in range(len(items) + 1)
-        for subset in itertools.combinations(items, k)
-        if room.fits(subset)
-    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -38,7 +29,7 @@ def test_budgeted_subset_is_optimal_under_an_audio_budget(items: list[PackItem],
     room = RowBudget(tokens=tokens, audio_frames=audio)
     chosen = _best_subset_budgeted(items, room)
     assert room.fits(chosen) and set(chosen) <= set(items)
-    assert sum(it.length for it in chosen) == _brute_force_best(items, room)
+    assert sum(it.length for it in chosen) == brute_force_best(items, room)
 
 
 @settings(max_examples=200, deadline=None)

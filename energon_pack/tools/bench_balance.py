@@ -6,9 +6,9 @@
 rank's next ``--balance-micro`` rows, costed with the rows' own ``row_cost["flops"]`` (cost model
 ``--cost-model``). The table shows the step imbalance (mean over steps of the slowest rank's cost
 over the mean rank's), its p99, the same summed over steps (the slowest ranks' total over the mean
-ranks' total: the share of training time spent at the gradient all-reduce), the rank floor (the
-costliest rank's total over the mean rank's total: no order of the same rows goes below it), the
-row cost CV and fill, today against balanced. Without
+ranks' total: step time against perfectly balanced steps), the rank floor (the costliest rank's
+total over the mean rank's total: no order of the same rows goes below it), the row cost CV and
+fill, today against balanced. Without
 ``--dataset`` the bench reads the synthetic image + video mix of ``--samples`` samples (made once).
 """
 

@@ -67,28 +67,6 @@ def step_imbalance(flops: np.ndarray, micro: int) -> np.ndarray:
     return steps.max(axis=0) / steps.mean(axis=0)
 
 
-def summed_imbalance(flops: np.ndarray, micro: int) -> float:
-    """The slowest ranks' cost summed over steps over the mean ranks' (``flops``: [dp, rows] in
-    reading order): the step time spent, relative to perfect balance.
-
-    Example: ranks [[1, 3], [3, 1]], one row a step -> (3 + 3) / (2 + 2) = 1.5.
-    """
-    steps = step_costs(flops, micro)
-    return float(steps.max(axis=0).sum() / steps.mean(axis=0).sum())
-
-
-def rank_floor(flops: np.ndarray, micro: int) -> float:
-    """The costliest rank's total over the mean rank's total, over the whole steps of ``flops``
-    ([dp, rows]): no order of each rank's own rows brings :func:`summed_imbalance` below it (a
-    step waits for its slowest rank, so the slowest ranks' sum is at least any one rank's sum).
-
-    Example: ranks [[1, 3], [3, 1]], one row a step -> 4 / 4 = 1.0 (their summed imbalance is 1.5;
-    rank 1 reading [1, 3] would reach 1.0); ranks [[1, 3], [3, 3]] -> 6 / 5 = 1.2.
-    """
-    totals = step_costs(flops, micro).sum(axis=1)
-    return float(totals.max() / totals.mean())
-
-
 def rank_row_flops(path: Any, config: Any, processor: Any, *, dp: int, rows: int) -> tuple[np.ndarray, list[dict]]:
     """Each rank's first ``rows`` rows' modelled FLOPs [dp, rows], in the order the rank reads them,
     and each rank's loader stats."""
@@ -107,6 +85,7 @@ def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions
     """One table: today's order against balanced windows, from real loaders' rows."""
     from energon_pack.config import PackingConfig
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
+    from energon_pack.packing.simulate import rank_floor, summed_step_imbalance
     from energon_pack.qwen.processor import load_processor
 
     path = options.dataset
@@ -129,7 +108,8 @@ def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions
         table.append({
             "order": f"balanced (windows of {options.window_rows} rows)" if balance else "today",
             "step imbalance (mean)": f"{ratios.mean():.4f}", "p99": f"{np.percentile(ratios, 99):.4f}",
-            "summed": f"{summed_imbalance(flops, options.micro):.4f}", "rank floor": f"{rank_floor(flops, options.micro):.4f}",
+            "summed": f"{summed_step_imbalance(flops, options.micro):.4f}",
+            "rank floor": f"{rank_floor(flops, options.micro):.4f}",
             "row cost CV": f"{flops.std() / flops.mean():.3f}", "fill": f"{fill:.4f}", "rows per rank": options.rows,
         })
     title = (f"balanced steps without a plan, real loaders ({path}; DP{options.dp} x {options.micro} micro-batches, "

@@ -12,7 +12,8 @@ from energon_pack.config import PackingConfig
 from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
-from energon_pack.tools.bench_balance import rank_floor, rank_row_flops, step_imbalance
+from energon_pack.packing.simulate import rank_floor
+from energon_pack.tools.bench_balance import rank_row_flops, step_imbalance
 from tests.support.loader_runs import EAGER, row_digest
 
 # Slow: real Energon loaders with worker processes.

@@ -28,16 +28,17 @@ COLUMNS = ["order", "step imbalance (mean)", "p99", "summed", "rank floor", "row
 @dataclass(frozen=True, kw_only=True)
 class BalanceBenchOptions:
     """The balance bench's knobs: dataset (None: the synthetic mix), row width, ranks, micro-batches
-    per step, worker processes per rank, rows per rank, window rows per worker, cost model."""
+    per step, worker processes per rank, rows per rank, window rows per worker, cost model. No
+    defaults here: the command line's (``energon-pack bench --help``) are the only ones."""
 
-    dataset: str | None = None
-    seq_length: int = 1024
-    dp: int = 4
-    micro: int = 2
-    workers: int = 2
-    rows: int = 256
-    window_rows: int = 64
-    cost_model: str = "qwen2.5-vl-3b"
+    dataset: str | None
+    seq_length: int
+    dp: int
+    micro: int
+    workers: int
+    rows: int
+    window_rows: int
+    cost_model: str
 
 
 def balance_options(args: Any) -> BalanceBenchOptions:

@@ -33,7 +33,8 @@ ratio holds on a noisy machine.
   weight's share against the realized shares of samples, real and supervised tokens, and fill
   (not in ``--stage all``: it compares units, not ours against HF).
 - ``balance`` (`bench_balance`): balanced steps without a plan on real loaders of several ranks:
-  step imbalance from the rows' own FLOPs, today's order against balanced windows (not in ``--stage all``).
+  step imbalance from the rows' own FLOPs, today's order against balanced windows, beside the rank floor
+  no order of the same rows goes below (not in ``--stage all``).
 - ``audio`` (`bench_audio`): Qwen2.5-Omni features of 1-30 s clips, their real frames against the
   Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input.
 """

@@ -63,15 +63,15 @@ def padding_figures(run: RunFigures, extractor: Any) -> dict[str, float]:
     Example: 2 sounds, 1000 real frames, 60000 carried, 128 bins, 100 frames/s -> padding 98.3 %,
     300 s per sound, 29.3 MiB.
     """
-    real, carried = run.audio_frames, run.carried_audio_frames
+    real, carried = run.audio.real_frames, run.audio.carried_frames
     mib = extractor.feature_size * 4 / 2**20
     frame_seconds = extractor.hop_length / extractor.sampling_rate
     return {
-        "sounds": run.sounds,
+        "sounds": run.audio.sounds,
         "real frames": real,
         "frames carried": carried,
         "padding %": 100 * (carried - real) / carried if carried else 0.0,
-        "s carried / sound": carried * frame_seconds / run.sounds if run.sounds else 0.0,
+        "s carried / sound": carried * frame_seconds / run.audio.sounds if run.audio.sounds else 0.0,
         "encoder input MiB": carried * mib,
     }
 

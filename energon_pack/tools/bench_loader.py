@@ -39,6 +39,7 @@ from energon_pack.core.stage_times import STAGES
 from energon_pack.tools.common import BenchRows, bench_dataset, hf_processor_outputs
 
 __all__ = [
+    "AudioCarried",
     "HFProcessorPackingTaskEncoder",
     "LoaderBenchOptions",
     "LoaderSetting",
@@ -289,20 +290,33 @@ class WorkerMemorySampler(threading.Thread):
         self.join()
 
 
+@dataclass(frozen=True)
+class AudioCarried:
+    """Sounds in rows, their real feature frames and the frames the rows carry (padding included);
+    sums with ``+``. Example: ``AudioCarried(1, 100, 30000) + AudioCarried(1, 37, 30000)`` ->
+    ``AudioCarried(2, 137, 60000)``."""
+
+    sounds: int = 0
+    real_frames: int = 0
+    carried_frames: int = 0
+
+    def __add__(self, other: "AudioCarried") -> "AudioCarried":
+        return AudioCarried(
+            self.sounds + other.sounds, self.real_frames + other.real_frames, self.carried_frames + other.carried_frames
+        )
+
+
 @dataclass
 class RunFigures:
     """What one finite epoch of one setting measured."""
 
-    #: What the rows carried: samples and their keys, rows, real tokens, pixel payload bytes, sounds
-    #: and their audio feature frames: real, and as the rows carry them (padding included).
+    #: What the rows carried: samples and their keys, rows, real tokens, pixel payload bytes, sounds.
     samples: int = 0
     keys: set[str] = field(default_factory=set)
     rows: int = 0
     real_tokens: int = 0
     pixel_bytes: int = 0
-    sounds: int = 0
-    audio_frames: int = 0
-    carried_audio_frames: int = 0
+    audio: AudioCarried = AudioCarried()
     #: Wall seconds of the epoch in the trainer process.
     seconds: float = 0.0
     #: Per worker id, the telemetry its last row carried (``runtime.stats.worker_telemetry``: running totals).
@@ -348,19 +362,19 @@ def row_pixel_bytes(row: dict[str, Any]) -> int:
     return sum(t.nbytes for t in tensors if t is not None)
 
 
-def row_audio_frames(row: dict[str, Any]) -> tuple[int, int, int]:
-    """(sounds, real frames, carried frames) of a row's audio features, ours (``audio_inputs``: real
-    frames only) or eager (``input_features`` [n, n_mels, T] padded, ``feature_attention_mask`` [n, T]).
+def row_audio_frames(row: dict[str, Any]) -> AudioCarried:
+    """The sounds of a row's audio features, ours (``audio_inputs``: real frames only) or eager
+    (``input_features`` [n, n_mels, T] padded, ``feature_attention_mask`` [n, T]).
 
-    Example: an eager row of two clips of 100 and 37 frames padded to 30000 -> (2, 137, 60000).
+    Example: an eager row of two clips of 100 and 37 frames padded to 30000 -> ``AudioCarried(2, 137, 60000)``.
     """
     audio = row.get("audio_inputs")
     if audio is not None:
-        return int(audio.audio_feature_lengths.numel()), audio.frames, audio.frames
+        return AudioCarried(int(audio.audio_feature_lengths.numel()), audio.frames, audio.frames)
     features, mask = row.get("input_features"), row.get("feature_attention_mask")
     if features is None:
-        return 0, 0, 0
-    return int(features.shape[0]), int(mask.sum()), int(features.shape[0] * features.shape[-1])
+        return AudioCarried()
+    return AudioCarried(int(features.shape[0]), int(mask.sum()), int(features.shape[0] * features.shape[-1]))
 
 
 def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: bool = True) -> RunFigures:
@@ -387,10 +401,7 @@ def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: boo
             figures.keys.update(row["__keys__"])
             figures.real_tokens += int(row["cu_seqlens_q"][-1])
             figures.pixel_bytes += row_pixel_bytes(row)
-            sounds, real, carried = row_audio_frames(row)
-            figures.sounds += sounds
-            figures.audio_frames += real
-            figures.carried_audio_frames += carried
+            figures.audio += row_audio_frames(row)
             telemetry = row["__stats__"]
             figures.peak_buffered = max(figures.peak_buffered, telemetry.get("buffered_bytes", 0))
             figures.last_telemetry[telemetry.get("worker_id", 0)] = telemetry

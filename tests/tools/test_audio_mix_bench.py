@@ -19,7 +19,7 @@ from energon_pack.data.synthetic import encode_audio, encode_video_with_sound, s
 from energon_pack.qwen.family import OMNI_FAMILIES
 from energon_pack.tools.audio_mix import AUDIO_MIX_CODECS, AudioMix, audio_mix_dataset
 from energon_pack.tools.bench_audio_mix import AUDIO_LOADER, AudioBenchOptions, audio_bench_options, bench_audio_mix, padding_figures
-from energon_pack.tools.bench_loader import RunFigures, padded_cat, row_audio_frames
+from energon_pack.tools.bench_loader import AudioCarried, RunFigures, padded_cat, row_audio_frames
 from energon_pack.tools.common import omni_audio_kwargs
 
 #: A mix small enough for a test: every kind of sample of the real one, short and small.
@@ -69,10 +69,11 @@ def test_audio_frames_of_a_row_ours_real_only_eager_padded() -> None:
     mask = torch.zeros(2, 3000, dtype=torch.int32)
     mask[0, :100], mask[1, :37] = 1, 1
     eager = {"input_features": torch.zeros(2, 128, 3000), "feature_attention_mask": mask}
-    assert row_audio_frames(ours) == (2, 137, 137)
-    assert row_audio_frames(eager) == (2, 137, 6000)
-    assert row_audio_frames({"input_ids": torch.zeros(1, 8)}) == (0, 0, 0)
-    figures = padding_figures(RunFigures(sounds=2, audio_frames=1000, carried_audio_frames=60000), EXTRACTOR)
+    assert row_audio_frames(ours) == AudioCarried(2, 137, 137)
+    assert row_audio_frames(eager) == AudioCarried(2, 137, 6000)
+    assert row_audio_frames({"input_ids": torch.zeros(1, 8)}) == AudioCarried()
+    assert AudioCarried(1, 100, 30000) + AudioCarried(1, 37, 30000) == AudioCarried(2, 137, 60000)
+    figures = padding_figures(RunFigures(audio=AudioCarried(2, 1000, 60000)), EXTRACTOR)
     assert figures["padding %"] == pytest.approx(100 * 59000 / 60000) and figures["s carried / sound"] == 300.0
     assert figures["encoder input MiB"] == pytest.approx(60000 * 128 * 4 / 2**20)
     assert padding_figures(RunFigures(), EXTRACTOR)["padding %"] == 0.0

@@ -25,10 +25,20 @@ from typing import Any
 
 from energon_pack.packing.algorithms import PackItem, RoundResult, RoundSize, RowBudget, select_bins
 
-__all__ = ["PlannedRound", "RoundPlanner", "is_count", "plan_state_problems", "planned_indices"]
+__all__ = ["PlannedRound", "RoundPlanner", "is_count", "item_state", "plan_state_problems", "planned_indices"]
 
 _PLAN_KEYS = ("new", "pending", "ready", "round_index", "next_index", "exhausted")
 _ITEM_FIELDS = len(dataclasses.fields(PackItem))
+
+
+def item_state(item: PackItem) -> tuple[int, ...]:
+    """An item as the state holds it: its fields in order, ``audio`` left out when 0 (so the states
+    of data without sound are those written before audio was counted, and those still restore).
+
+    Example: ``PackItem(7, 512, 2, 64, 1)`` -> ``(7, 512, 2, 64, 1)``; with ``audio=300`` -> ``(7, 512, 2, 64, 1, 300)``.
+    """
+    values = dataclasses.astuple(item)
+    return values if item.audio else values[:-1]
 
 
 def is_count(value: Any) -> bool:
@@ -69,7 +79,8 @@ def plan_state_problems(state: Any) -> list[str]:
     ):
         return problems + ["new and pending must be lists of items and ready a list of non-empty bins"]
     items = [*state["new"], *state["pending"], *(item for group in ready for item in group)]
-    bad = [item for item in items if not (isinstance(item, (tuple, list)) and len(item) == _ITEM_FIELDS
+    bad = [item for item in items if not (isinstance(item, (tuple, list))
+                                          and len(item) in (_ITEM_FIELDS - 1, _ITEM_FIELDS)
                                           and all(is_count(value) for value in item))]
     if bad:
         return problems + [f"items {bad[:3]} are not ({', '.join(f.name for f in dataclasses.fields(PackItem))})"]
@@ -188,9 +199,9 @@ class RoundPlanner:
     def state(self) -> dict[str, Any]:
         """Plain, picklable state (items as tuples)."""
         return {
-            "new": [dataclasses.astuple(item) for item in self.new],
-            "pending": [dataclasses.astuple(item) for item in self.pending],
-            "ready": [[dataclasses.astuple(item) for item in group] for group in self.ready],
+            "new": [item_state(item) for item in self.new],
+            "pending": [item_state(item) for item in self.pending],
+            "ready": [[item_state(item) for item in group] for group in self.ready],
             "round_index": self.round_index,
             "next_index": self.next_index,
             "exhausted": self.exhausted,

@@ -22,8 +22,9 @@ Frame index i is the i-th frame a full sequential decode outputs (what preencode
 - Every packet but the sampled frames' own goes to H.264 / HEVC decoders with
   ``skip_frame = "NONREF"``: pictures no other picture references (most B-frames) are not decoded,
   whether they come before a sampled frame's packet or after it (the packets of a B-frame stream's
-  reordering delay, sent while the decoder still holds a sampled frame). Once a sampled frame's packet is sent and the next sampled frame will be sought, the decoder is
-  drained instead of fed the packets its reordering delay would want (the seek flushes it anyway).
+  reordering delay, sent while the decoder still holds a sampled frame). Once a sampled frame's
+  packet is sent and the next sampled frame will be sought, the decoder is drained instead of fed
+  the packets its reordering delay would want (the seek flushes it anyway).
 - After a seek, the first demuxed packet must be a scanned keyframe at or before that one (an MP4
   edit list may land the demuxer earlier) and past what was decoded, every later packet must be
   the scanned one (pts and flags; Matroska leaves dts unset after a seek), frames showing before
@@ -214,9 +215,10 @@ def _seeking(container: Any, stream: Any, index: StreamIndex, frame_indices: Seq
     (decoders in `SKIPS_PER_PACKET`): it skips the pictures no other picture references (H.264
     ``nal_ref_idc`` 0, HEVC sub-layer non-reference pictures: about half of a B-frame stream), whose
     frames may then be missing from the output, and no other; a sampled frame's packet is decoded
-    whole, and the pictures it references were never skipped (they are references). When the next sampled frame will be
-    sought, the decoder is drained (end of stream) once the current one's packet is sent, instead of
-    decoding the packets its reordering delay would otherwise need (the seek flushes it anyway)."""
+    whole, and the pictures it references were never skipped (they are references). When the next
+    sampled frame will be sought, the decoder is drained (end of stream) once the current one's
+    packet is sent, instead of decoding the packets its reordering delay would otherwise need (the
+    seek flushes it anyway)."""
     frame_pts, packets = index.frame_pts, index.packets
     assert frame_pts is not None
     sampled_packets = {index.frame_packet[frame] for frame in frame_indices}

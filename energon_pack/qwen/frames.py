@@ -19,10 +19,12 @@ Frame index i is the i-th frame a full sequential decode outputs (what preencode
   seek tries the keyframe's pts, its dts and a time just before the next keyframe, and takes the
   one that lands on it (B-frames put a keyframe's dts below its pts: a backward seek to the dts of
   an MP4 keyframe finds the keyframe before, and two GOPs are decoded instead of one).
-- Packets that come before every remaining sampled frame's packet go to H.264 / HEVC decoders with
-  ``skip_frame = "NONREF"``: pictures no other picture references (most B-frames) are not decoded.
-  Once a sampled frame's packet is sent and the next sampled frame will be sought, the decoder is
-  drained instead of fed the packets its reordering delay would want (the seek flushes it anyway).
+- Every packet but the sampled frames' own goes to H.264 / HEVC decoders with
+  ``skip_frame = "NONREF"``: pictures no other picture references (most B-frames) are not decoded,
+  whether they come before a sampled frame's packet or after it (the packets of a B-frame stream's
+  reordering delay, sent while the decoder still holds a sampled frame). Once a sampled frame's
+  packet is sent and the next sampled frame will be sought, the decoder is drained instead of fed
+  the packets its reordering delay would want (the seek flushes it anyway).
 - After a seek, the first demuxed packet must be a scanned keyframe at or before that one (an MP4
   edit list may land the demuxer earlier) and past what was decoded, every later packet must be
   the scanned one (pts and flags; Matroska leaves dts unset after a seek), frames showing before
@@ -209,16 +211,17 @@ def _seeking(container: Any, stream: Any, index: StreamIndex, frame_indices: Seq
     """The sampled frames, seeking to `StreamIndex.seek_point` where that skips packets; raises
     `_NotExact` at the first frame or packet that differs from the scan.
 
-    Packets before every remaining sampled frame's packet (decode order) go to the decoder with
-    ``skip_frame = "NONREF"`` (decoders in `SKIPS_PER_PACKET`): it skips the pictures no other
-    picture references (H.264 ``nal_ref_idc`` 0, HEVC sub-layer non-reference pictures: about half
-    of a B-frame stream), whose frames may then be missing from the output, and no other. When the next sampled frame will be
-    sought, the decoder is drained (end of stream) once the current one's packet is sent, instead of
-    decoding the packets its reordering delay would otherwise need (the seek flushes it anyway)."""
+    Every packet but a sampled frame's own goes to the decoder with ``skip_frame = "NONREF"``
+    (decoders in `SKIPS_PER_PACKET`): it skips the pictures no other picture references (H.264
+    ``nal_ref_idc`` 0, HEVC sub-layer non-reference pictures: about half of a B-frame stream), whose
+    frames may then be missing from the output, and no other; a sampled frame's packet is decoded
+    whole, and the pictures it references were never skipped (they are references). When the next
+    sampled frame will be sought, the decoder is drained (end of stream) once the current one's
+    packet is sent, instead of decoding the packets its reordering delay would otherwise need (the
+    seek flushes it anyway)."""
     frame_pts, packets = index.frame_pts, index.packets
     assert frame_pts is not None
-    # needed[p]: the first decode position a sampled frame from position p on needs (its packet).
-    needed = list(itertools.accumulate((index.frame_packet[frame] for frame in reversed(frame_indices)), min))[::-1]
+    sampled_packets = {index.frame_packet[frame] for frame in frame_indices}
     context = stream.codec_context
     position = 0  # next sampled frame (position in frame_indices)
     sent = -1  # decode position of the last packet sent to the decoder
@@ -246,7 +249,7 @@ def _seeking(container: Any, stream: Any, index: StreamIndex, frame_indices: Seq
                 sent += 1
                 if sent >= len(packets) or not _same(packet, packets[sent]):
                     raise _NotExact  # the demuxer reads differently than the scan
-                skipping = sent < needed[position] and context.name in SKIPS_PER_PACKET
+                skipping = sent not in sampled_packets and context.name in SKIPS_PER_PACKET
                 context.skip_frame = "NONREF" if skipping else "DEFAULT"
                 if skipping:
                     skipped.add(packets[sent][0])

@@ -116,7 +116,12 @@ class _Counting:
     """A container and its video stream in one, counting the frames the decoder outputs."""
 
     def __init__(self, container, stream) -> None:
-        self.container, self.stream, self.codec_context, self.frames = container, stream, stream.codec_context, 0
+        self.container, self.stream, self.codec_context = container, stream, stream.codec_context
+        self.output_pts: list[int] = []
+
+    @property
+    def frames(self) -> int:
+        return len(self.output_pts)
 
     def demux(self, _stream):
         return self.container.demux(self.stream)
@@ -126,17 +131,32 @@ class _Counting:
 
     def decode(self, packet):
         frames = self.stream.decode(packet)
-        self.frames += len(frames)
+        self.output_pts.extend(frame.pts for frame in frames)
         return frames
 
 
-def _seeking_output(data: bytes, indices: list[int], total: int, threads: int) -> tuple[np.ndarray, int]:
-    """(the sampled frames of a seeking decode, frames the decoder output for them)."""
+def _seeking_decode(data: bytes, indices: list[int], total: int, threads: int) -> tuple[np.ndarray, _Counting, StreamIndex]:
+    """(the sampled frames of a seeking decode, the decoder's record of every frame it output, the scan)."""
     with frames_module._opened(data, threads) as (container, stream):
         index = StreamIndex.scan(container, stream, total)
         counting = _Counting(container, stream)
         got = [frame.to_ndarray(format="rgb24") for _, frame in frames_module._seeking(counting, counting, index, indices)]
-    return np.stack(got), counting.frames
+    return np.stack(got), counting, index
+
+
+def _seeking_output(data: bytes, indices: list[int], total: int, threads: int) -> tuple[np.ndarray, int]:
+    """(the sampled frames of a seeking decode, frames the decoder output for them)."""
+    got, counting, _ = _seeking_decode(data, indices, total, threads)
+    return got, counting.frames
+
+
+def _reference_pts(data: bytes) -> set[int]:
+    """pts of the pictures other pictures may reference: what a whole decode with ``skip_frame =
+    NONREF`` outputs."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        stream.codec_context.skip_frame = "NONREF"
+        return {frame.pts for frame in container.decode(stream)}
 
 
 @pytest.mark.parametrize("item", ["h264web.mp4", "h264open.mkv", "hevc.mp4"])
@@ -155,6 +175,27 @@ def test_non_reference_pictures_before_a_sampled_frame_are_skipped_exactly(seek_
             plain, decoding_all = _seeking_output(data, indices, total, threads)
         np.testing.assert_array_equal(plain, every[indices])
         assert skipping < decoding_all, (item, threads, skipping, decoding_all)
+
+
+@pytest.mark.parametrize("item", ["h264web.mp4", "h264open.mkv", "hevc.mp4"])
+def test_the_decoder_outputs_only_sampled_frames_and_reference_pictures(seek_corpus, item) -> None:
+    """Every packet but a sampled frame's own is sent with ``skip_frame = NONREF``, those after a
+    sampled frame's packet too (the reordering delay, while the decoder still holds the sampled
+    frame): the decoder outputs the sampled frames and reference pictures, no other non-reference
+    picture, and the sampled frames are the sequential decode's. Sampled frames that decode
+    through (no seek), that seek, and non-reference pictures among them (odd frames of a B-pyramid)."""
+    data, every = seek_corpus[item]
+    total = probe_video(data).num_frames
+    references = _reference_pts(data)
+    assert 0 < len(references) < total, item  # a B-frame stream: some pictures are not references
+    for indices in ([3, 5, 11, 13, 19, 21, 29, 37, 45, 53, 59], [1, 9, 17, 25, 33, 41, 49, 57], [7, 23, 39, 55]):
+        for threads in (1, 3):
+            got, counting, index = _seeking_decode(data, indices, total, threads)
+            np.testing.assert_array_equal(got, every[indices], err_msg=f"{item} {indices} threads={threads}")
+            assert index.frame_pts is not None
+            sampled = {index.frame_pts[frame] for frame in indices}
+            others = [pts for pts in counting.output_pts if pts not in references | sampled]
+            assert not others, (item, indices, threads, others)
 
 
 def test_a_stream_with_fewer_frames_than_counted_is_a_media_mismatch(seek_corpus) -> None:

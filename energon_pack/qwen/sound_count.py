@@ -5,7 +5,7 @@ plan from prepare's facts (``plan.accounting``, from the recorded sample counts)
 n model-rate samples (uncapped) is over the cap when n > ``spec.max_samples`` (skipped as
 ``audio_too_long`` unless trimmed); its feature frames are ``AudioSpec.feature_frames`` under the
 length the processor pads the sample's sounds to; its tokens are the family's rule
-(``omni_rope.audio_token_count``); a sound without a token is skipped (``empty_audio``).
+(`audio_token_count`); a sound without a token is skipped (``empty_audio``).
 """
 
 from __future__ import annotations
@@ -18,12 +18,36 @@ from energon_pack.qwen.audio import AudioSpec
 from energon_pack.qwen.media import BadMediaError
 from energon_pack.qwen.template import SoundTokens
 
-__all__ = ["OMNI_VIDEO_FPS", "SoundCount"]
+__all__ = ["OMNI_VIDEO_FPS", "SoundCount", "audio_token_count"]
 
 #: Frames per second each Omni processor takes for a video's seconds per grid step
 #: (``temporal_patch_size / fps``) when no ``fps`` is passed to it: ``Qwen2_5OmniProcessor``'s
 #: hard-coded 2.0, ``Qwen3OmniMoeProcessor``'s 1.0 (whatever rate the frames were sampled at).
 OMNI_VIDEO_FPS = {"qwen2.5-omni": 2.0, "qwen3-omni": 1.0}
+
+
+def audio_token_count(feature_frames: int, n_window: int | None = None) -> int:
+    """LLM tokens of an audio of ``feature_frames`` mel frames.
+
+    ``n_window`` None (Qwen2.5-Omni): the audio tower's two stride-2 steps,
+    ``((F - 1) // 2 + 1 - 2) // 2 + 1``. Else (Qwen3-Omni, 50): the frames are cut into chunks of
+    ``2 * n_window`` and each goes through three stride-2 convolutions, ``c(n) = (n - 1) // 2 + 1``
+    three times, so ``F // (2 * n_window) * c(2 * n_window) + c(F % (2 * n_window))``.
+
+    Example: 100 frames (1 s) -> 25 (Qwen2.5-Omni), 13 (Qwen3-Omni); 3000 -> 750, 390;
+    1 -> 0, 1; 150 -> 37, 20.
+    """
+    if n_window is None:
+        return ((feature_frames - 1) // 2 + 1 - 2) // 2 + 1
+    chunk = 2 * n_window
+    return feature_frames // chunk * _three_strides(chunk) + _three_strides(feature_frames % chunk)
+
+
+def _three_strides(frames: int) -> int:
+    """Output length of three stride-2 convolutions (kernel 3, padding 1); 0 for 0. Example: 100 -> 13."""
+    for _ in range(3):
+        frames = (frames - 1) // 2 + 1 if frames > 0 else 0
+    return frames
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,8 +105,6 @@ class SoundCount:
 
         Example (Qwen3-Omni): ``[100, 16000]`` -> ``[1, 13]``; ``[100]`` alone -> empty_audio.
         """
-        from energon_pack.qwen.omni_rope import audio_token_count  # imports torch: only when counting
-
         padded = self.spec.padded_length(samples)
         tokens = [audio_token_count(self.spec.feature_frames(n, padded), self.n_window) for n in samples]
         for n, count in zip(samples, tokens):

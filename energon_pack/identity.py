@@ -25,6 +25,7 @@ __all__ = [
     "dataset_config_fingerprint",
     "encoder_fingerprint",
     "encoder_fingerprint_of",
+    "feature_extractor_fingerprint",
     "fingerprint_mismatches",
     "flat_fingerprint",
     "packing_fingerprint",
@@ -140,18 +141,38 @@ def check_plan_fingerprint(
 
 
 def processor_fingerprint(processor: Any) -> dict[str, Any]:
-    """Identity of a processor for exact resume: class, tokenizer vocabulary and template hash.
+    """Identity of a processor for exact resume: class, tokenizer vocabulary and template hash, and
+    for a processor that hears (Qwen-Omni) its feature extractor's settings
+    (:func:`feature_extractor_fingerprint`; a Qwen-VL processor has none, so its fingerprint is unchanged).
 
     Example: the offline default -> ``{"processor_class": "Qwen2_5_VLProcessor", "processor_path": "",
     "vocab_size": 151669, "chat_template_sha": "8a85099125b36041"}``.
     """
     tokenizer = processor.tokenizer
     template = getattr(processor, "chat_template", None) or ""
+    extractor = getattr(processor, "feature_extractor", None)
     return {
         "processor_class": type(processor).__name__,
         "processor_path": str(getattr(tokenizer, "name_or_path", "") or ""),
         "vocab_size": len(tokenizer),
         "chat_template_sha": hashlib.sha256(template.encode("utf-8")).hexdigest()[:16],
+        **({} if extractor is None else feature_extractor_fingerprint(extractor)),
+    }
+
+
+def feature_extractor_fingerprint(extractor: Any) -> dict[str, Any]:
+    """The settings of an audio feature extractor that decide features and token counts: every
+    number, string and flag of its ``to_dict()`` (mel bins, sampling rate, hop, FFT size, chunk
+    length, samples per chunk, padding value, dither, its class), as ``feature_extractor.<name>``.
+
+    Example (Qwen2.5-Omni's ``WhisperFeatureExtractor``) -> ``{"feature_extractor.feature_size": 128,
+    "feature_extractor.hop_length": 160, "feature_extractor.sampling_rate": 16000, ...}``.
+    """
+    settings = extractor.to_dict()
+    return {
+        f"feature_extractor.{name}": value
+        for name, value in sorted(settings.items())
+        if value is None or isinstance(value, (bool, int, float, str))
     }
 
 

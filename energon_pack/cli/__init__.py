@@ -317,9 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     add_working_folder(bench, "bench")
     bench.add_argument(
-        "--media", choices=("synthetic", "realistic"), default="synthetic",
+        "--media", choices=("synthetic", "realistic", "audio"), default="synthetic",
         help="synthetic: the bench mix of --samples; realistic: 12 MP phone photos, 1080p clips of 30 s to 5 min and "
-        "one 4K clip (generated once), ours vs eager per family (loader stage only; options below)",
+        "one 4K clip (generated once), ours vs eager per family (loader stage only; options below); audio: speech-like "
+        "clips of 1-30 s in five codecs, videos with sound, images and text (generated once), ours vs eager per Omni "
+        "family (loader stage only; options below)",
     )
     loader = bench.add_argument_group("loader stage (ours vs the eager HF-processor + FFD design) and plan stage (--dataset, --seq-length, --workers)")
     loader.add_argument("--dataset", type=str, default=None, help="prepared dataset, a folder or msc://profile/path (default: the bench mix of --samples)")
@@ -363,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--media realistic (also --seq-length, --workers, --epochs, --prefetch-factor; the first of --buffer-sizes)"
     )
     realistic.add_argument(
-        "--family", choices=(*FAMILIES, "all"), default="all", help="model family (all: qwen2.5-vl, qwen3-vl, qwen3.5)"
+        "--family", choices=(*FAMILIES, "all"), default="all",
+        help="model family (all: qwen2.5-vl, qwen3-vl, qwen3.5; --media audio: every Omni family)",
     )
     realistic.add_argument(
         "--mix-scale", type=positive_float, default=1.0,
@@ -379,6 +382,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="real tokens/s one training GPU consumes, for the cores-per-GPU line (8000: a 7B model on an H100, "
         "see docs/performance.md)",
     )
+    audio = bench.add_argument_group(
+        "--media audio (also --family, --seq-length (default 8192), --workers, --epochs, --prefetch-factor; the first "
+        "of --buffer-sizes)"
+    )
+    audio.add_argument(
+        "--audio-clips", type=int_at_least(0), default=40,
+        help="speech-like clips of 1-30 s (WAV, FLAC, MP3, AAC/M4A, Ogg/Opus in turn; some chats hear two)",
+    )
+    audio.add_argument("--sound-videos", type=int_at_least(0), default=6, help="videos of 4-12 s heard with their sound")
     bench.set_defaults(func=_cmd_bench)
 
     plan = command("plan", "pack a whole split once (header-only), for a deterministic, elastic loader")

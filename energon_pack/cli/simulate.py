@@ -130,14 +130,15 @@ def print_step_table(samples: list[MixSample], source: str, args: argparse.Names
           f"balance_steps plan, cost windows of {defaults.balance_window_steps} steps, LPT dealing")
     print(f"online: each rank's own online rows, {args.workers} workers per rank read in turn, in planning order; "
           f"online balanced: windows of {window_rows} rows per worker (rounded to whole steps) laid out by cost "
-          f"(balance_steps without a plan); online fill {first['online_fill']:.2%} either way (same rows)")
+          f"(balance_steps without a plan); online fill {first['online_fill']:.2%} either way (same rows); online floor: "
+          "per window, the costliest rank's total over the mean rank's (no order within windows sums below it)")
     print(format_table([
         {"DP": r["dp"], "micro-batches": r["micro"], "steps": r["steps"],
          "today mean": f"{r['today_mean']:.3f}", "today p99": f"{r['today_p99']:.3f}",
          "balanced mean": f"{r['balanced_mean']:.3f}", "balanced p99": f"{r['balanced_p99']:.3f}",
          "online steps": r["online_steps"], "online mean": f"{r['online_mean']:.3f}",
          "online balanced mean": f"{r['online_balanced_mean']:.3f}",
-         "online balanced p99": f"{r['online_balanced_p99']:.3f}"}
+         "online balanced p99": f"{r['online_balanced_p99']:.3f}", "online floor": f"{r['online_floor']:.3f}"}
         for r in table
     ]))
     return 0

@@ -58,11 +58,15 @@ class PackingPolicy:
     max_row_vision_patches: most ViT input patches per row (sum of t*h*w over the row's image and
         video grids, before the 2x2 merge); None = no limit.
     max_row_media: most images + videos per row; None = no limit.
+    max_row_audio_frames: Qwen-Omni: most log-mel feature frames per row (what the audio encoder
+        reads: ``row_cost["audio_frames"]``, 100 a second at hop 160, 16 kHz); None = no limit.
+        In the resume fingerprint only when set.
     on_overlong: a sample that fits no row (longer than ``seq_length`` after alignment, or over a
         per-row vision limit) is skipped (counted), raises, or is shrunk ("shrink": its images'
         pixel budget, then its videos' frame count, lowered to the largest setting that fits;
         skipped when even the processor's minimum does not fit, or when it has more media than
-        ``max_row_media``).
+        ``max_row_media``; Qwen-Omni sounds are never cut, and videos heard with their sound keep
+        their frames: docs/omni.md).
     mode: "online" packs rows of W per worker (bin selection with pending groups); "in_batch" packs
         every ``micro_batch_size`` consecutive samples into one variable-width row (needs
         ``fixed_width=False``; ``seq_length`` and the vision limits cap each sample). A pack plan
@@ -106,6 +110,7 @@ class PackingPolicy:
     min_fill: float = 0.99
     max_row_vision_patches: int | None = None
     max_row_media: int | None = None
+    max_row_audio_frames: int | None = None
     on_overlong: Literal["skip", "error", "shrink"] = "skip"
     mode: Literal["online", "in_batch"] = "online"
     micro_batch_size: int = 1
@@ -141,8 +146,9 @@ class PackingPolicy:
         """Resume-relevant values (``buffer_tokens`` only when set, so that states saved before it
         existed still resume; ``PackingConfig.fingerprint`` adds the resolved default round)."""
         values = fingerprint_fields(self)
-        if values["buffer_tokens"] is None:
-            del values["buffer_tokens"]
+        for name in ("buffer_tokens", "max_row_audio_frames"):  # states saved before they existed still resume
+            if values[name] is None:
+                del values[name]
         for name, default in BLEND_DEFAULTS.items():  # states saved before blends existed still resume
             if values[name] == default:
                 del values[name]
@@ -174,12 +180,13 @@ class PackingPolicy:
             )
         yield int_problem("max_row_vision_patches", self.max_row_vision_patches, minimum=1, optional=True)
         yield int_problem("max_row_media", self.max_row_media, minimum=1, optional=True)
+        yield int_problem("max_row_audio_frames", self.max_row_audio_frames, minimum=1, optional=True)
         yield choice_problem("on_overlong", self.on_overlong, OVERLONG_POLICIES)
         yield choice_problem("mode", self.mode, PACKING_MODES)
         if self.mode == "in_batch":
             problem = int_problem("micro_batch_size", self.micro_batch_size, minimum=2)
             yield problem and problem.replace("must be", "in mode 'in_batch' (k samples per row) must be")
-            for name in ("max_row_vision_patches", "max_row_media"):
+            for name in ("max_row_vision_patches", "max_row_media", "max_row_audio_frames"):
                 if getattr(self, name) is not None:
                     yield (
                         f"{name}={getattr(self, name)}: mode 'in_batch' puts every micro_batch_size consecutive "

@@ -195,6 +195,67 @@ def encode_audio(signal: np.ndarray, rate: int, codec: str) -> bytes:
     return buffer.getvalue()
 
 
+def speech_like(seconds: float, rate: int, channels: int = 1, seed: int = 0) -> np.ndarray:
+    """A float32 [channels, n] speech-like signal of ``seconds`` at ``rate`` Hz: voiced syllables of
+    0.12-0.35 s (a gliding 90-260 Hz pitch with 12 harmonics falling off as 1/k, a smooth onset and
+    decay) with short noise bursts between some of them (fricatives) and pauses of 0.05-0.5 s
+    (channel c at 1 - 0.2 c). Cheap to make and to encode, with a speech clip's spectrum and silences.
+
+    Example: ``speech_like(2.0, 16000).shape`` -> ``(1, 32000)``.
+    """
+    n = int(round(seconds * rate))
+    rng = np.random.default_rng(seed)
+    signal = np.zeros(n, dtype=np.float64)
+    start = int(rng.uniform(0.0, 0.2) * rate)
+    while start < n:
+        length = min(int(rng.uniform(0.12, 0.35) * rate), n - start)
+        t = np.arange(length) / rate
+        pitch = rng.uniform(90, 260) * (1 + rng.uniform(-0.15, 0.15) * t / max(t[-1], 1e-3)) if length else 0.0
+        phase = 2 * np.pi * np.cumsum(np.broadcast_to(pitch, t.shape)) / rate
+        voiced = sum(np.sin(k * phase) / k for k in range(1, 13))
+        envelope = np.sin(np.pi * np.arange(length) / max(length, 1)) ** 2
+        signal[start : start + length] = 0.25 * rng.uniform(0.5, 1.0) * envelope * voiced
+        start += length
+        if rng.random() < 0.3:  # a fricative: a short burst of noise
+            burst = min(int(rng.uniform(0.04, 0.1) * rate), max(n - start, 0))
+            signal[start : start + burst] = 0.05 * rng.standard_normal(burst)
+            start += burst
+        start += int(rng.uniform(0.05, 0.5 if rng.random() < 0.2 else 0.12) * rate)
+    noise = 0.003 * rng.standard_normal((channels, n))
+    return np.stack([signal * (1 - 0.2 * c) for c in range(channels)]).astype(np.float32) + noise.astype(np.float32)
+
+
+def encode_video_with_sound(frames: np.ndarray, fps: int, signal: np.ndarray | None, rate: int = 16000) -> bytes:
+    """MP4: ``frames`` uint8 [T, H, W, 3] as H.264 at ``fps`` and, unless None, ``signal``
+    float32 [channels, n] as AAC at ``rate`` Hz (a video heard with its sound, Qwen-Omni).
+
+    Example: ``encode_video_with_sound(np.zeros((8, 64, 64, 3), np.uint8), 4, audio_tone(2.0, 16000))``
+    -> a 2 s MP4 with a video and an AAC audio stream.
+    """
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        video = container.add_stream("libx264", rate=fps)
+        video.width, video.height, video.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        video.codec_context.options = {"threads": "1"}
+        audio = None
+        if signal is not None:
+            audio = container.add_stream("aac", rate=rate, layout="mono" if signal.shape[0] == 1 else "stereo")
+        for frame in frames:
+            for packet in video.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in video.encode(None):
+            container.mux(packet)
+        if audio is not None:
+            for frame in audio_frames(signal, rate, "fltp", audio.codec_context.frame_size or 1024):
+                for packet in audio.encode(frame):
+                    container.mux(packet)
+            for packet in audio.encode(None):
+                container.mux(packet)
+    return buffer.getvalue()
+
+
 def _smooth_pixels(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     """Gradient plus mild noise: compresses like a photo, not like white noise."""
     ys = np.linspace(0, 1, height, dtype=np.float32)[:, None, None]

@@ -17,7 +17,11 @@ member is read depends on its extension (:func:`member_kind`):
   encoded image (``jpg``, ``image.png``, ...);
 - ``videos``: a pickled list of videos, each a list of encoded frames (``mp4s``, ``videos``; also
   ``pyd`` / ``pickle`` / ``pkl``), or one video file (``mp4``, ``video.mp4``, ...);
-- ``audio``: Qwen-VL reads none; a sample that carries some is a counted skip.
+- ``audio``: one audio file (``wav``, ``flac``, ``mp3``, ``audio``, the extensions Bridge's
+  ``audiohandler`` decodes, or another audio extension of ours, ``AUDIO_EXTENSIONS``), kept encoded
+  as the record's one audio (``audios``); its place in the conversation is an ``{"type": "audio"}``
+  part or an ``<audio>`` placeholder (one per sample, else the skip ``placeholder_mismatch``). A
+  Qwen-Omni processor hears it; a Qwen-VL one makes the sample the skip ``audio_not_supported``.
 
 Pickles are read by ``formats.safe_pickle`` (nothing executed); text-only samples carry empty
 pickled lists. A missing member reads as empty. The conversation is normalised as Bridge 0.6.2's
@@ -45,6 +49,7 @@ from typing import Any, Dict, Optional
 from megatron.energon.flavors.webdataset import DefaultGenericWebdatasetFactory
 
 from energon_pack.core.conversation import (
+    ALL_MEDIA_KINDS,
     MEDIA_KINDS,
     REASONING_FIELD,
     TOOL_CALLS_FIELD,
@@ -54,7 +59,7 @@ from energon_pack.core.conversation import (
     split_placeholders,
 )
 from energon_pack.core.energon_fixes import forget_read_tar_members
-from energon_pack.core.samples import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, QwenVLChatSample
+from energon_pack.core.samples import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, QwenVLChatSample
 from energon_pack.errors import BadSampleError, UsageError
 from energon_pack.formats.safe_pickle import MAX_PICKLE_BYTES, load_plain_pickle
 
@@ -69,6 +74,9 @@ BRIDGE_MODULES = (
 BRIDGE_FIELDS = ("conversation", "imgs", "videos", "audio", "tools")
 #: Member extensions holding a pickled list (of images for ``imgs``, of frame lists for ``videos``).
 PICKLED_LIST_EXTENSIONS = ("jpgs", "mp4s", "videos", "pyd", "pickle", "pkl")
+#: Extensions of an ``audio`` member: Bridge 0.6.2's ``audiohandler`` decodes ``wav``, ``flac``,
+#: ``mp3`` and ``audio`` (any container soundfile reads); ours adds the other audio files we decode.
+BRIDGE_AUDIO_EXTENSIONS = tuple(dict.fromkeys(("wav", "flac", "mp3", "audio", *AUDIO_EXTENSIONS)))
 #: Turn fields kept beside the role and content (Bridge's ``cook_chatml_sample`` keeps every field;
 #: these are the ones a chat template reads): reasoning, an assistant's tool calls, a tool result's
 #: function name and call id.
@@ -93,15 +101,22 @@ def is_bridge_dataset_config(config: Mapping[str, Any]) -> bool:
 
 def member_kind(field: str, member: str) -> str:
     """How the member ``member`` of Bridge field ``field`` is read: ``"json"``, ``"pickled_list"``,
-    ``"one_image"``, ``"one_video"`` or ``"unread"`` (audio).
+    ``"one_image"``, ``"one_video"`` or ``"one_audio"``.
 
-    Example: ``("imgs", "jpgs")`` -> ``"pickled_list"``; ``("imgs", "image.png")`` -> ``"one_image"``.
+    Example: ``("imgs", "jpgs")`` -> ``"pickled_list"``; ``("imgs", "image.png")`` -> ``"one_image"``;
+    ``("audio", "wav")`` -> ``"one_audio"``.
     """
     extension = member.rpartition(".")[2].lower()
     if field == "conversation":
         return "json"
     if field == "audio":
-        return "unread"
+        if extension in BRIDGE_AUDIO_EXTENSIONS:
+            return "one_audio"
+        raise UsageError(
+            f"Bridge field_map audio: {member!r} is not an audio file member (extension {extension!r}); energon_pack reads "
+            f"one encoded audio file per sample ({', '.join(BRIDGE_AUDIO_EXTENSIONS)}), not pre-computed features or "
+            "pickled waveforms; fix: store the sample's audio file as a member such as audio.wav"
+        )
     if extension in PICKLED_LIST_EXTENSIONS:
         return "pickled_list"
     if field == "tools":
@@ -168,16 +183,6 @@ def _read_media(parts: Mapping[str, Any], field_map: Mapping[str, str], field: s
     return [data] if data else []
 
 
-def _has_content(parts: Mapping[str, Any], member: Optional[str]) -> bool:
-    """Whether an unread member (audio) is there and not empty (an empty pickled list is empty)."""
-    if member is None or not parts.get(member):
-        return False
-    data = parts[member]
-    if member.rpartition(".")[2].lower() in PICKLED_LIST_EXTENSIONS:
-        return bool(load_plain_pickle(data, what=member))
-    return True
-
-
 def _member_tools(parts: Mapping[str, Any], member: Optional[str], max_pickle_bytes: int) -> Any:
     """The unchecked value of the ``tools`` member (JSON or a pickled list), None when absent or empty."""
     if member is None or not parts.get(member):
@@ -207,12 +212,17 @@ def _joined_text(pieces: Sequence[str]) -> str:
 
 
 def _bridge_content(content: Any) -> Any:
-    """One turn's content as Bridge orders it: media parts first, then its text (see the module notes)."""
+    """One turn's content as Bridge orders it: image and video parts first, then its text (see the
+    module notes). A typed audio part keeps its place (Bridge moves only images and videos); an
+    ``<audio>`` placeholder in a string, which Bridge leaves as text, is placed with the media.
+
+    Example: ``"<audio> What is said?"`` -> ``[{"type": "audio"}, {"type": "text", "text": "What is said?"}]``.
+    """
     if isinstance(content, str):
-        if "<image>" not in content and "<video>" not in content:
+        if not any(f"<{kind}>" in content for kind in ALL_MEDIA_KINDS):
             return content
         parts = split_placeholders(content)
-        media = [part for part in parts if part["type"] in MEDIA_KINDS]
+        media = [part for part in parts if part["type"] in ALL_MEDIA_KINDS]
         text = _joined_text([part["text"] for part in parts if part["type"] == "text"])
         return media + ([{"type": "text", "text": text}] if text else [])
     if isinstance(content, list):
@@ -252,10 +262,9 @@ def bridge_fields(parts: Dict[str, Any], *, field_map: Mapping[str, str], max_pi
     """``QwenVLChatSample`` fields of one Bridge sample's raw members (see the module's worked example);
     a bad sample gets ``invalid_reason`` / ``invalid_detail`` and empty lists."""
     try:
-        if _has_content(parts, field_map.get("audio")):
-            raise BadSampleError("unsupported_audio", f"the sample carries audio ({field_map['audio']!r}); Qwen-VL reads no audio")
         images = _read_media(parts, field_map, "imgs", max_pickle_bytes)
         videos = _read_media(parts, field_map, "videos", max_pickle_bytes)
+        audios = _read_media(parts, field_map, "audio", max_pickle_bytes)
         member = field_map["conversation"]
         if member not in parts:
             raise BadSampleError("malformed_conversation", f"sample has no {member!r} conversation member")
@@ -268,11 +277,14 @@ def bridge_fields(parts: Dict[str, Any], *, field_map: Mapping[str, str], max_pi
         messages, payload_tools = bridge_conversation(payload)
         member_tools = _member_tools(parts, field_map.get("tools"), max_pickle_bytes)
         tools = check_tools(member_tools if member_tools is not None else payload_tools)
-        conversation = normalize_conversation(messages, num_images=len(images), num_videos=len(videos))
+        conversation = normalize_conversation(
+            messages, num_images=len(images), num_videos=len(videos), num_audios=len(audios)
+        )
     except BadSampleError as err:
         return dict(conversation=[], images=[], videos=[], invalid_reason=err.reason, invalid_detail=err.detail)
     return dict(
-        conversation=conversation, images=images, videos=videos, invalid_reason=None, invalid_detail=None, tools=tools
+        conversation=conversation, images=images, videos=videos, invalid_reason=None, invalid_detail=None, tools=tools,
+        **({"audios": audios} if audios else {}),
     )
 
 

@@ -18,7 +18,8 @@ without a seed constraint is tried instead.  Everything is deterministic:
 ties are broken by arrival index, never by hash or dict order.
 
 Next to the width W, a row may have a vision budget (`RowBudget`): at most
-``vision_patches`` ViT input patches and at most ``media`` images + videos.
+``vision_patches`` ViT input patches and at most ``media`` images + videos, and (Qwen-Omni) an
+audio budget: at most ``audio_frames`` log-mel feature frames.
 With such a limit set, every bin and pending group stays within it and the
 completion search maximises tokens within all limits
 (:func:`_best_subset_budgeted`); with none set, the search, and so every
@@ -44,7 +45,8 @@ class PackItem:
     aligned length in slots (``ceil(tokens / m) * m``), ``arrival_round`` the
     round in which the sample was first a candidate, ``vision`` its ViT input
     patches (sum of t*h*w over its image and video grids, before the 2x2
-    merge) and ``media`` its number of images + videos.
+    merge), ``media`` its number of images + videos and ``audio`` its log-mel feature frames
+    (Qwen-Omni: what the audio encoder reads).
     """
 
     index: int
@@ -52,13 +54,14 @@ class PackItem:
     arrival_round: int
     vision: int = 0
     media: int = 0
+    audio: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
 class RowBudget:
     """What one row may hold: ``tokens`` slots (the width W), at most ``segments``
-    samples, ``vision_patches`` ViT input patches and ``media`` images + videos
-    (None = no limit).  Also used for the room left in a partly filled row.
+    samples, ``vision_patches`` ViT input patches, ``media`` images + videos and
+    ``audio_frames`` log-mel feature frames (None = no limit).  Also used for the room left in a partly filled row.
 
     Example: ``RowBudget(tokens=10, vision_patches=8).fits([PackItem(0, 6, 0, vision=5),
     PackItem(1, 4, 0, vision=4)])`` -> False (9 patches > 8).
@@ -68,11 +71,12 @@ class RowBudget:
     segments: int | None = None
     vision_patches: int | None = None
     media: int | None = None
+    audio_frames: int | None = None
 
     @property
     def tokens_only(self) -> bool:
-        """True when neither vision limit is set (the token-only selection applies)."""
-        return self.vision_patches is None and self.media is None
+        """True when no vision or audio limit is set (the token-only selection applies)."""
+        return self.vision_patches is None and self.media is None and self.audio_frames is None
 
     def fits(self, items: Sequence[PackItem]) -> bool:
         """Whether ``items`` together stay within every limit."""
@@ -81,6 +85,7 @@ class RowBudget:
             and (self.segments is None or len(items) <= self.segments)
             and (self.vision_patches is None or sum(it.vision for it in items) <= self.vision_patches)
             and (self.media is None or sum(it.media for it in items) <= self.media)
+            and (self.audio_frames is None or sum(it.audio for it in items) <= self.audio_frames)
         )
 
     def after(self, items: Sequence[PackItem]) -> RowBudget:
@@ -98,6 +103,7 @@ class RowBudget:
             segments=left(self.segments, len(items)),
             vision_patches=left(self.vision_patches, sum(it.vision for it in items)),
             media=left(self.media, sum(it.media for it in items)),
+            audio_frames=left(self.audio_frames, sum(it.audio for it in items)),
         )
 
 
@@ -143,14 +149,19 @@ class RoundResult:
 
 
 def first_fit_decreasing(
-    lengths: Sequence[int], budget: RowBudget, *, vision: Sequence[int] | None = None, media: Sequence[int] | None = None
+    lengths: Sequence[int],
+    budget: RowBudget,
+    *,
+    vision: Sequence[int] | None = None,
+    media: Sequence[int] | None = None,
+    audio: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """First-fit-decreasing bin packing within ``budget``; returns bins of positions into ``lengths``.
 
     Items are taken longest first (equal lengths by position) and placed in
     the first bin with room for their tokens (and fewer than ``budget.segments`` items,
-    and room for the item's ``vision`` patches and ``media`` count when
-    ``budget.vision_patches`` / ``budget.media`` are set).  Bins are in creation
+    and room for the item's ``vision`` patches, ``media`` count and ``audio`` frames when
+    ``budget.vision_patches`` / ``budget.media`` / ``budget.audio_frames`` are set).  Bins are in creation
     order, positions within a bin in placement order.
 
     Example: ``first_fit_decreasing([3, 5, 2, 4], RowBudget(tokens=7))``
@@ -165,6 +176,7 @@ def first_fit_decreasing(
             arrival_round=0,
             vision=0 if vision is None else vision[i],
             media=0 if media is None else media[i],
+            audio=0 if audio is None else audio[i],
         )
         for i, length in enumerate(lengths)
     ]
@@ -206,8 +218,9 @@ def select_bins(
     ``round_index - arrival_round >= max_wait_rounds``; forced candidates are
     always emitted, so no sample waits more than ``max_wait_rounds`` rounds.
     The result depends only on the set of candidates, not on their order.
-    ``budget.segments`` / ``budget.vision_patches`` / ``budget.media`` bound each bin's
-    (and pending group's) count, sum of ``vision`` and sum of ``media``; None sets no bound.
+    ``budget.segments`` / ``budget.vision_patches`` / ``budget.media`` / ``budget.audio_frames``
+    bound each bin's (and pending group's) count and sums of ``vision``, ``media`` and ``audio``;
+    None sets no bound.
 
     Example (``RowBudget(tokens=10)``, min_fill=0.9, max_wait_rounds=2, round 0):
     lengths 6, 4, 3 (indices 0, 1, 2, all new)
@@ -256,7 +269,7 @@ def _total(items: Sequence[PackItem]) -> int:
 
 
 def _best_subset_within(items: Sequence[PackItem], room: RowBudget) -> list[PackItem]:
-    """The completion of a row with ``room`` left: :func:`_best_subset` without a vision
+    """The completion of a row with ``room`` left: :func:`_best_subset` without a vision or audio
     limit (so rows stay those of the token-only selection), else :func:`_best_subset_budgeted`."""
     if room.tokens_only:
         return _best_subset(items, room.tokens, room.segments)
@@ -365,8 +378,8 @@ def _best_subset_budgeted(items: Sequence[PackItem], room: RowBudget) -> list[Pa
     """The subset of ``items`` with the largest token total within every limit of ``room``.
 
     Dynamic programme over token sums (numpy, one pass per item in the given
-    order): ``best[s]`` holds the smallest cost key (vision patches, then
-    media, then samples, each counted only when ``room`` limits it) of a
+    order): ``best[s]`` holds the smallest cost key (vision patches, then audio
+    frames, then media, then samples, each counted only when ``room`` limits it) of a
     subset of the items seen so far with total ``s`` that stays within the
     limits.  Exact (the largest reachable total) when one limit besides
     tokens is set; with several, the subset kept per total is the one with
@@ -382,20 +395,23 @@ def _best_subset_budgeted(items: Sequence[PackItem], room: RowBudget) -> list[Pa
         return []
     fitting = [it for it in items if room.fits([it])]
     vision_limit, media_limit, count_limit = room.vision_patches, room.media, room.segments
-    # Cost key = (vision * media_base + media) * count_base + count; each base exceeds twice
-    # its limit, so adding one item's key to a key within the limits never carries.
+    audio_limit = room.audio_frames
+    # Cost key = ((vision * audio_base + audio) * media_base + media) * count_base + count; each
+    # base exceeds twice its limit, so adding one item's key to a key within the limits never carries.
+    audio_base = 1 if audio_limit is None else 2 * audio_limit + 1
     media_base = 1 if media_limit is None else 2 * media_limit + 1
     count_base = 1 if count_limit is None else 2 * count_limit + 1
-    if 2 * ((vision_limit or 0) + 1) * media_base * count_base >= _UNREACHABLE:
+    if 2 * ((vision_limit or 0) + 1) * audio_base * media_base * count_base >= _UNREACHABLE:
         raise ValueError(
             f"row budget {room} is too large for the packed cost key; lower max_row_vision_patches, "
-            "max_row_media or max_segments."
+            "max_row_audio_frames, max_row_media or max_segments."
         )
 
     def key(it: PackItem) -> int:
         vision = 0 if vision_limit is None else it.vision
+        audio = 0 if audio_limit is None else it.audio
         media = 0 if media_limit is None else it.media
-        return (vision * media_base + media) * count_base + (count_limit is not None)
+        return ((vision * audio_base + audio) * media_base + media) * count_base + (count_limit is not None)
 
     size = room.tokens + 1
     best = np.full(size, _UNREACHABLE, dtype=np.int64)
@@ -406,7 +422,9 @@ def _best_subset_budgeted(items: Sequence[PackItem], room: RowBudget) -> list[Pa
         cost = before + key(it)
         ok = (before < _UNREACHABLE) & (cost < best[it.length :])
         if vision_limit is not None:
-            ok &= cost // (media_base * count_base) <= vision_limit
+            ok &= cost // (audio_base * media_base * count_base) <= vision_limit
+        if audio_limit is not None:
+            ok &= cost // (media_base * count_base) % audio_base <= audio_limit
         if media_limit is not None:
             ok &= cost // count_base % media_base <= media_limit
         if count_limit is not None:
@@ -443,7 +461,11 @@ def _check_capacity(capacity: int, max_segments: int | None) -> None:
 
 def _check_budget(budget: RowBudget) -> None:
     _check_capacity(budget.tokens, budget.segments)
-    for name, value in (("max_row_vision_patches", budget.vision_patches), ("max_row_media", budget.media)):
+    for name, value in (
+        ("max_row_vision_patches", budget.vision_patches),
+        ("max_row_media", budget.media),
+        ("max_row_audio_frames", budget.audio_frames),
+    ):
         if value is not None and value < 1:
             raise ValueError(f"{name}={value} must be >= 1 or None; pass None for no such limit per row.")
 
@@ -454,6 +476,7 @@ def _check_item(index: int, item: PackItem, budget: RowBudget) -> None:
     for what, value, limit, name in (
         ("vision patches", item.vision, budget.vision_patches, "max_row_vision_patches"),
         ("media", item.media, budget.media, "max_row_media"),
+        ("audio frames", item.audio, budget.audio_frames, "max_row_audio_frames"),
     ):
         if value < 0:
             raise ValueError(f"sample {index} has {value} {what}; counts must be >= 0.")

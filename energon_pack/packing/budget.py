@@ -27,16 +27,17 @@ def round_size(row: RowLayout, policy: PackingPolicy) -> RoundSize:
 
 
 def row_budget(row: RowLayout, policy: PackingPolicy) -> RowBudget:
-    """What one row may hold: width, segments, vision patches, media.
+    """What one row may hold: width, segments, vision patches, media, audio frames.
 
     Example: ``row_budget(RowLayout(seq_length=8192), PackingPolicy(max_row_media=4))`` ->
-    ``RowBudget(tokens=8192, segments=None, vision_patches=None, media=4)``.
+    ``RowBudget(tokens=8192, segments=None, vision_patches=None, media=4, audio_frames=None)``.
     """
     return RowBudget(
         tokens=row.seq_length,
         segments=row.max_segments,
         vision_patches=policy.max_row_vision_patches,
         media=policy.max_row_media,
+        audio_frames=policy.max_row_audio_frames,
     )
 
 
@@ -52,7 +53,8 @@ def fits_one_row(num_tokens: int, vision_patches: int, row: RowLayout, policy: P
 
 
 def sample_misfit(sample: Any, budget: RowBudget, row: RowLayout, policy: PackingPolicy) -> BadSampleError | None:
-    """The skip for a prepared ``sample`` that alone exceeds the row width or a vision budget, else None.
+    """The skip for a prepared ``sample`` that alone exceeds the row width, a vision budget or the
+    audio budget (``sample.audio_frames``, read only when ``max_row_audio_frames`` is set), else None.
 
     With ``policy.on_overlong == "error"`` a misfit raises ValueError (value, rule, fix) instead.
     Example: 9000 tokens, W=8192 -> ``BadSampleError("overlong", "sample 'a' has 9000 tokens
@@ -83,6 +85,11 @@ def _misfits(sample: Any, budget: RowBudget, row: RowLayout) -> Iterator[tuple[s
          "vision patches", f"raise max_row_vision_patches, or set on_overlong='skip'{shrink}"),
         ("over_media_budget", sample.num_media, budget.media, "max_row_media",
          "images + videos", "raise max_row_media, or set on_overlong='skip'"),
+        *([] if budget.audio_frames is None else [
+            ("over_audio_budget", sample.audio_frames, budget.audio_frames, "max_row_audio_frames",
+             "audio feature frames", "raise max_row_audio_frames, or lower max_audio_seconds (with on_overlong_audio="
+             "'trim') to cut long clips; on_overlong='shrink' never cuts audio"),
+        ]),
     ):
         if limit is not None and value > limit:
             yield reason, f"sample {key!r} has {value} {what} but {name} is {limit}", fix

@@ -99,7 +99,7 @@ class PlannedRound:
 class RoundPlanner:
     """Read / round / emit decisions of one worker's packing stage (one instance per worker).
 
-    budget: what one row may hold (width W in slots, segments, vision patches, media).
+    budget: what one row may hold (width W in slots, segments, vision patches, media, audio frames).
     round_size: new samples (or new aligned slots) per round; min_fill, max_wait_rounds: see
     :func:`select_bins`.
 
@@ -129,9 +129,10 @@ class RoundPlanner:
         """Whether the new samples do not fill a round yet (and the source has not ended)."""
         return not self.exhausted and not self.round_size.is_full(len(self.new), sum(item.length for item in self.new))
 
-    def admit(self, length: int, *, vision: int = 0, media: int = 0) -> PackItem:
-        """Register one arrival of ``length`` aligned slots; returns its item (next arrival index)."""
-        item = PackItem(self.next_index, length, self.round_index, vision=vision, media=media)
+    def admit(self, length: int, *, vision: int = 0, media: int = 0, audio: int = 0) -> PackItem:
+        """Register one arrival of ``length`` aligned slots (``vision`` patches, ``media`` count,
+        ``audio`` feature frames); returns its item (next arrival index)."""
+        item = PackItem(self.next_index, length, self.round_index, vision=vision, media=media, audio=audio)
         self.next_index += 1
         self.new.append(item)
         return item

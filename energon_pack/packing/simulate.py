@@ -508,7 +508,8 @@ def step_balance_table(
     ``cost_model`` FLOPs; samples without grids get :func:`synthetic_grids`. The plan stream
     repeats epochs until it holds ``min_steps`` steps. Keys: ``dp, micro, steps, today_mean,
     today_p99, balanced_mean, balanced_p99, online_steps, online_mean, online_p99,
-    online_balanced_mean, online_balanced_p99, online_fill`` (plus ``rows``, ``lower_bound``,
+    online_balanced_mean, online_balanced_p99, online_fill, online_floor`` (:func:`rank_floor` of the
+    online balanced rows per window: no order within the windows sums below it; plus ``rows``, ``lower_bound``,
     ``cv_plain``, ``cv_balanced``, ``cv_online``).
     """
     kept = [s for s in samples if aligned_length(s.tokens, pad_multiple) <= width]
@@ -544,6 +545,7 @@ def step_balance_table(
                 "online_steps": online_stats.steps, "online_mean": online_today_stats.mean,
                 "online_p99": online_today_stats.p99, "online_balanced_mean": online_stats.mean,
                 "online_balanced_p99": online_stats.p99, "online_fill": online.fill(width),
+                "online_floor": rank_floor(online_ours, micro, window_steps=rows * workers // micro),
                 "lower_bound": -(-sum(lengths) // width),
                 "cv_plain": float(plain_costs.std() / plain_costs.mean()),
                 "cv_balanced": float(balanced_costs.std() / balanced_costs.mean()),
@@ -558,13 +560,50 @@ def rank_step_imbalance(rank_costs: np.ndarray, micro_batches: int) -> StepStats
 
     Example: [[3, 1], [2, 2]] with 1 micro-batch -> steps 3 vs 2 (1.2) and 1 vs 2 (1.333).
     """
+    load = _step_loads(rank_costs, micro_batches)
+    values = load.max(axis=0) / load.mean(axis=0)
+    return StepStats(steps=load.shape[1], mean=float(values.mean()), p99=float(np.percentile(values, 99)),
+                     max=float(values.max()))
+
+
+def summed_step_imbalance(rank_costs: np.ndarray, micro_batches: int) -> float:
+    """The slowest ranks' cost summed over whole steps over the mean ranks' (``rank_costs`` as for
+    :func:`rank_step_imbalance`): step time against perfectly balanced steps.
+
+    Example: [[1, 3], [3, 1]] with 1 micro-batch -> (3 + 3) / (2 + 2) = 1.5.
+    """
+    load = _step_loads(rank_costs, micro_batches)
+    return float(load.max(axis=0).sum() / load.mean(axis=0).sum())
+
+
+def rank_floor(rank_costs: np.ndarray, micro_batches: int, window_steps: int | None = None) -> float:
+    """The least summed step imbalance (the slowest ranks' cost summed over steps over the mean
+    ranks') that any order of each rank's rows within windows of ``window_steps`` steps can reach
+    (None: one window of every whole step): per window the costliest rank's total, summed over
+    the whole windows, over the mean rank's: :func:`summed_step_imbalance` of such an order is never
+    lower, since a step waits for its slowest rank, so over a window the slowest ranks' sum is at
+    least any one rank's sum. ``rank_costs`` as for
+    :func:`rank_step_imbalance`.
+
+    Example: [[1, 3], [3, 1]] with 1 micro-batch -> 4 / 4 = 1.0 (one window; the order [[1, 3],
+    [1, 3]] reaches it); window_steps 1 -> (3 + 3) / (2 + 2) = 1.5.
+    """
+    load = _step_loads(rank_costs, micro_batches)
+    window = load.shape[1] if window_steps is None else window_steps
+    windows = load.shape[1] // window
+    if windows == 0:
+        raise ValueError(f"{load.shape[1]} steps hold no whole window of {window} steps")
+    totals = load[:, : windows * window].reshape(load.shape[0], windows, window).sum(axis=2)
+    return float(totals.max(axis=0).sum() / totals.mean(axis=0).sum())
+
+
+def _step_loads(rank_costs: np.ndarray, micro_batches: int) -> np.ndarray:
+    """Each rank's cost of each whole step, [dp, steps] (a ValueError when no step is whole)."""
     dp, rows = rank_costs.shape
     steps = rows // micro_batches
     if steps == 0:
         raise ValueError(f"{rows} rows per rank hold no whole step of {micro_batches} micro-batches")
-    load = rank_costs[:, : steps * micro_batches].reshape(dp, steps, micro_batches).sum(axis=2)
-    values = load.max(axis=0) / load.mean(axis=0)
-    return StepStats(steps=steps, mean=float(values.mean()), p99=float(np.percentile(values, 99)), max=float(values.max()))
+    return rank_costs[:, : steps * micro_batches].reshape(dp, steps, micro_batches).sum(axis=2)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -578,6 +578,7 @@ def build_plan(
     """Measure ``split`` of the dataset at ``path`` and plan its rows (``config.num_workers`` by default)."""
     from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 
+    check_plan_budgets(config)
     encoder = QwenVLPackingTaskEncoder(config, processor, rope_spec=rope_spec)
     workers = config.num_workers if num_workers is None else num_workers
     if is_metadataset(path):
@@ -586,6 +587,17 @@ def build_plan(
     else:
         measurement = measure_split(path, encoder, split=split, num_workers=workers, progress=progress)
     return plan_split(measurement, path, split, encoder, config)
+
+
+def check_plan_budgets(config: PackingConfig) -> None:
+    """Raise ``UsageError`` for a row budget a plan does not keep: ``max_row_audio_frames`` (a plan
+    measures tokens, vision patches and media, not audio frames)."""
+    if config.policy.max_row_audio_frames is not None:
+        raise UsageError(
+            f"max_row_audio_frames={config.policy.max_row_audio_frames}: a pack plan does not measure audio frames, "
+            "so its rows could exceed it; fix: remove max_row_audio_frames for the plan, or pack online "
+            "(get_packing_loader without plan), which keeps it"
+        )
 
 
 def check_blend_plan(config: PackingConfig) -> None:
@@ -619,6 +631,7 @@ def plan_split(measurement: Measurement, path: str | Path, split: str, encoder: 
     """Plan ``measurement`` of ``split`` at ``path``, fingerprinted with the dataset, ``encoder``
     (a task encoder or a ``TokenAccounting``) and ``config``. A metadataset's blend packs the
     samples ``plan.blend.blend_selection`` picks and stores its rows in ``interleave_rows`` order."""
+    check_plan_budgets(config)
     identity = encoder.fingerprint if isinstance(encoder, TokenAccounting) else encoder_fingerprint(encoder)
     fingerprint = plan_fingerprint(
         dataset_fingerprint(path, split), identity, config, sample_mapping=mapping_name(current_loader_mapping())
@@ -714,6 +727,7 @@ def run_plan(args: Any) -> int:
 def _run_plan(args: Any, config: PackingConfig) -> int:
     """:func:`run_plan` under its sample mapping."""
     start = time.perf_counter()
+    check_plan_budgets(config)
     blend = is_metadataset(args.dataset)
     if blend:
         check_blend_plan(config)

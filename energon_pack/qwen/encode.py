@@ -80,6 +80,8 @@ class PreparedChat:
     #: -1 - j: the sound track of ``videos[j]``), and its length in model-rate samples (uncapped).
     audio_sources: list[int] | None = None
     audio_samples: list[int] | None = None
+    #: Qwen-Omni: log-mel feature frames of all its sounds (capped; what the audio encoder reads, 0 without sound).
+    audio_frames: int = 0
     #: Qwen-Omni: whether the videos are heard with their sound (the record's ``use_audio_in_video``).
     use_audio_in_video: bool = False
 
@@ -139,6 +141,14 @@ def sound_count_of(processor: Any, *, max_audio_seconds: float | None = None, tr
     return SoundCount.of(
         AudioSpec.from_processor(processor), rope.n_window, seconds, max_audio_seconds=max_audio_seconds, trim=trim
     )
+
+    def frames(self, samples: Sequence[int]) -> int:
+        """Log-mel frames of one sample's sounds together (``samples``: model-rate samples of each):
+        what its ``AudioInputs`` holds, ``row_cost["audio_frames"]`` of the sample alone.
+        The clips are padded together as the processor pads them (``AudioSpec.padded_length``).
+        Example: 16000 and 8000 samples at hop 160 -> 150."""
+        padded = self.spec.padded_length(samples)
+        return sum(self.spec.feature_frames(n, padded) for n in samples)
 
 
 @dataclass(frozen=True)
@@ -236,8 +246,10 @@ class QwenChatEncoder:
 
         With ``fits`` (token count, media geometry -> whether the sample fits one row), a sample
         that does not fit is shrunk: its image pixel budget, then its video frames, are lowered
-        to the largest setting that fits (``qwen.fit.shrink_limits``); left as it is when none does
-        (Qwen-VL only: a Qwen-Omni sample is left as it is).
+        to the largest setting that fits (``qwen.fit.shrink_limits``); left as it is when none does.
+        Qwen-Omni: its sounds are never cut (their tokens count whole in every candidate), and the
+        frames of videos heard with their sound are never lowered (their positions are aligned to
+        the sound at the processor's 2 fps), so only their images shrink (docs/omni.md).
 
         ``audios`` (Qwen-Omni): the audio files of the ``{"type": "audio"}`` parts; with
         ``use_audio_in_video`` each video with a sound track is heard with it (its tokens
@@ -258,12 +270,12 @@ class QwenChatEncoder:
         hearing = self._hearing(conversation, audios, videos, video_infos, use_audio_in_video)
         tokens = self._tokenize(chat, geometry, hearing)
         limits = tokens_before_shrink = None
-        if fits is not None and hearing is None and not fits(len(tokens.input_ids), geometry):
-            limits = self._shrink_limits(image_infos, video_infos, geometry, len(tokens.input_ids), fits)
+        if fits is not None and not fits(len(tokens.input_ids), geometry):
+            limits = self._shrink_limits(chat, image_infos, video_infos, geometry, len(tokens.input_ids), fits, hearing)
             if limits is not None:
                 tokens_before_shrink = len(tokens.input_ids)
                 geometry = media_geometry(image_infos, video_infos, limits.apply(self.vision))
-                tokens = self._tokenize(chat, geometry)
+                tokens = self._tokenize(chat, geometry, hearing)
         return PreparedChat(
             input_ids=torch.from_numpy(tokens.input_ids),
             labels=torch.from_numpy(tokens.labels),
@@ -277,6 +289,7 @@ class QwenChatEncoder:
             tokens_before_shrink=tokens_before_shrink,
             **({} if hearing is None else {
                 "audio_sources": hearing.sources, "audio_samples": hearing.samples,
+                "audio_frames": self.hearing.frames(hearing.samples),
                 "use_audio_in_video": use_audio_in_video,
             }),
         )
@@ -365,17 +378,27 @@ class QwenChatEncoder:
 
     def _shrink_limits(
         self,
+        chat: _Chat,
         images: list[ImageInfo],
         videos: list[VideoInfo],
         geometry: MediaGeometry,
         num_tokens: int,
         fits: Callable[[int, MediaGeometry], bool],
+        hearing: _Hearing | None,
     ) -> MediaLimits | None:
         """The largest per-sample media limits under which the sample fits (None: none does).
 
         Only the placeholder expansions change with the limits, so a candidate's token count is
         ``num_tokens`` less the current expansions plus the candidate's (`placeholder_token_count`).
+        A Qwen-Omni sample (``hearing`` set) is tokenized whole per candidate, its sounds included
+        (a video heard with its sound interleaves with it), and keeps the frames of heard videos.
         """
+        if hearing is not None:
+            heard_video = any(source < 0 for source in hearing.sources)
+            return shrink_limits(
+                images, videos, self.vision, lower_frames=not heard_video,
+                fits=lambda candidate: fits(len(self._tokenize(chat, candidate, hearing).input_ids), candidate),
+            )
 
         def expansion(candidate: MediaGeometry) -> int:
             return placeholder_token_count(

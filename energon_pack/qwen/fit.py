@@ -103,6 +103,7 @@ def shrink_limits(
     spec: VisionSpec,
     *,
     fits: Callable[[MediaGeometry], bool],
+    lower_frames: bool = True,
 ) -> MediaLimits | None:
     """The largest per-sample limits under which the sample's media geometry ``fits``, or None.
 
@@ -113,7 +114,9 @@ def shrink_limits(
     at a time, to ``min_frames`` rounded up to the temporal patch; None when nothing fits even
     with images at ``image_min_pixels`` and videos at that minimum. ``fits`` must be monotone
     in the image pixel budget (true for token and patch counts: a resized image's area never
-    shrinks when its pixel budget grows), so that budget is found by bisection.
+    shrinks when its pixel budget grows), so that budget is found by bisection. With
+    ``lower_frames=False`` the videos keep ``spec``'s frame limit and only images shrink (Qwen-Omni
+    videos heard with their sound, whose positions are aligned to it).
 
     Example (Qwen2.5-VL defaults, factor 28): one 4000x3000 (h x w) image (1230 tokens at the
     default 1003520 px) and ``fits`` = "at most 400 image tokens" ->
@@ -127,6 +130,8 @@ def shrink_limits(
     # Below the most frames any video keeps: the largest multiple of the temporal patch (a frame
     # list may keep an odd count), then one temporal patch less at a time.
     frame_settings = [spec.max_frames, *range((most_frames - 1) // step * step, lowest - 1, -step)]
+    if not lower_frames:
+        frame_settings = frame_settings[:1]
     for max_frames in frame_settings:
 
         def fits_with(image_max_pixels: int) -> bool:

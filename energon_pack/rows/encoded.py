@@ -98,6 +98,8 @@ class PreparedSample(Sample):
     audios: Optional[list] = None
     audio_sources: Optional[list] = None
     audio_samples: Optional[list] = None
+    #: Qwen-Omni: log-mel feature frames of all its sounds (``row_cost["audio_frames"]`` of it alone; 0 without sound).
+    audio_frames: int = 0
     use_audio_in_video: bool = False
     #: int64 [n_img, 3] / [n_vid, 3] patch grids (t, h, w), None without such media.
     image_grid_thw: Optional[torch.Tensor] = None

@@ -4,7 +4,7 @@ Energon's own ``PackingDataset`` drops every sample its selector does not return
 carry under-filled bins across rounds, so this stage replaces it. Per worker it
 
 1. admits prepared samples (bad-sample markers and samples that fit no row, being overlong or
-   over a per-row vision budget on their own, are counted and dropped, never buffered): each
+   over a per-row vision or audio budget on their own, are counted and dropped, never buffered): each
    gets an arrival index from the round planner and waits in one buffer of samples by arrival
    index;
 2. when ``buffer_size`` new samples (or new samples holding ``buffer_tokens`` aligned tokens; by
@@ -302,7 +302,9 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                 sample.__key__, sample.tokens_before_shrink, sample.num_tokens, sample.image_max_pixels,
                 sample.video_max_frames,
             )
-        item = self._planner.admit(self._slots(sample), vision=sample.vision_patches, media=sample.num_media)
+        item = self._planner.admit(
+            self._slots(sample), vision=sample.vision_patches, media=sample.num_media, audio=sample.audio_frames
+        )
         self._samples.put(item.index, sample)
         self._consecutive_skips = 0
 

@@ -21,6 +21,10 @@ ratio holds on a noisy machine.
 - ``--media realistic`` (`bench_realistic`, `realistic_mix`): the loader stage, ours against the
   eager design per model family on a mix of 12 MP phone photos, long 1080p clips and a 4K clip:
   samples/s, tokens/s, worker USS / RSS, efficiency against the floor, cores per GPU.
+- ``--media audio`` (`bench_audio_mix`, `audio_mix`): the loader stage, ours against the eager design
+  per Omni family on a mix of speech-like clips of 1-30 s (WAV, FLAC, MP3, AAC/M4A, Ogg/Opus), videos
+  heard with their sound, images and text: samples/s, worker USS / RSS, and the audio frames the rows
+  carry against the sounds' real frames (eager pads every sound as the processor does).
 - ``jpeg`` (`bench_jpeg`): the optional fast JPEG decode (``RowLayout.fast_jpeg_decode``, "ours")
   against the exact path ("HF"): images/s, max abs difference and PSNR of the patches.
 - ``prepare`` (`bench_prepare`): ``prepare`` from Parquet with embedded JPEGs against the same
@@ -29,7 +33,8 @@ ratio holds on a noisy machine.
   weight's share against the realized shares of samples, real and supervised tokens, and fill
   (not in ``--stage all``: it compares units, not ours against HF).
 - ``balance`` (`bench_balance`): balanced steps without a plan on real loaders of several ranks:
-  step imbalance from the rows' own FLOPs, today's order against balanced windows (not in ``--stage all``).
+  step imbalance from the rows' own FLOPs, today's order against balanced windows, beside the rank floor
+  no order of the same rows goes below (not in ``--stage all``).
 - ``audio`` (`bench_audio`): Qwen2.5-Omni features of 1-30 s clips, their real frames against the
   Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input.
 """
@@ -47,6 +52,7 @@ from energon_pack.tools.bench_blend import bench_blend, blend_options
 from energon_pack.tools.bench_foreign import bench_foreign
 from energon_pack.errors import UsageError
 from energon_pack.tools.bench_audio import bench_audio
+from energon_pack.tools.bench_audio_mix import audio_bench_options, bench_audio_mix
 from energon_pack.tools.bench_jpeg import bench_jpeg
 from energon_pack.tools.bench_loader import LoaderBenchOptions, bench_loader, loader_options
 from energon_pack.tools.bench_plan import bench_plan, plan_options
@@ -88,8 +94,9 @@ def run_bench(args: argparse.Namespace) -> int:
     from energon_pack.core.cache import cache_dir
 
     work_dir = Path(args.out) if args.out is not None else cache_dir("bench")
-    if getattr(args, "media", "synthetic") == "realistic":
-        return _run_realistic(args, work_dir)
+    media = getattr(args, "media", "synthetic")
+    if media in ("realistic", "audio"):
+        return _run_media_mix(args, work_dir)
     if getattr(args, "seq_length", 0) is None:
         args = argparse.Namespace(**{**vars(args), "seq_length": LoaderBenchOptions().seq_length})
     stages = STAGES if args.stage == "all" else (args.stage,)
@@ -107,13 +114,21 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_realistic(args: argparse.Namespace, work_dir: Path) -> int:
-    """``bench --media realistic``: the loader stage on the realistic mix (`bench_realistic`)."""
+def _run_media_mix(args: argparse.Namespace, work_dir: Path) -> int:
+    """``bench --media realistic`` / ``--media audio``: the loader stage on the realistic mix
+    (`bench_realistic`) or on the audio mix (`bench_audio_mix`)."""
     if args.stage not in ("all", "loader"):
         raise UsageError(
-            f"--media realistic runs the loader stage, not --stage {args.stage}; fix: drop --stage or use --stage loader"
+            f"--media {args.media} runs the loader stage, not --stage {args.stage}; fix: drop --stage or use --stage loader"
         )
-    _print_tables(bench_realistic(work_dir, realistic_options(args)))
+    if args.media == "realistic":
+        _print_tables(bench_realistic(work_dir, realistic_options(args)))
+        return 0
+    try:
+        options = audio_bench_options(args)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    _print_tables(bench_audio_mix(work_dir, options))
     return 0
 
 

@@ -5,7 +5,10 @@
 ``--window-rows`` rows per worker, ``micro_batches_per_step`` = ``--balance-micro``); a step is each
 rank's next ``--balance-micro`` rows, costed with the rows' own ``row_cost["flops"]`` (cost model
 ``--cost-model``). The table shows the step imbalance (mean over steps of the slowest rank's cost
-over the mean rank's), its p99, the row cost CV and fill, today against balanced. Without
+over the mean rank's), its p99, the same summed over steps (the slowest ranks' total over the mean
+ranks' total: step time against perfectly balanced steps), the rank floor (the costliest rank's
+total over the mean rank's total: no order of the same rows goes below it), the row cost CV and
+fill, today against balanced. Without
 ``--dataset`` the bench reads the synthetic image + video mix of ``--samples`` samples (made once).
 """
 
@@ -19,22 +22,23 @@ import numpy as np
 
 from energon_pack.tools.common import BenchRows
 
-COLUMNS = ["order", "step imbalance (mean)", "p99", "row cost CV", "fill", "rows per rank"]
+COLUMNS = ["order", "step imbalance (mean)", "p99", "summed", "rank floor", "row cost CV", "fill", "rows per rank"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class BalanceBenchOptions:
     """The balance bench's knobs: dataset (None: the synthetic mix), row width, ranks, micro-batches
-    per step, worker processes per rank, rows per rank, window rows per worker, cost model."""
+    per step, worker processes per rank, rows per rank, window rows per worker, cost model. No
+    defaults here: the command line's (``energon-pack bench --help``) are the only ones."""
 
-    dataset: str | None = None
-    seq_length: int = 1024
-    dp: int = 4
-    micro: int = 2
-    workers: int = 2
-    rows: int = 256
-    window_rows: int = 64
-    cost_model: str = "qwen2.5-vl-3b"
+    dataset: str | None
+    seq_length: int
+    dp: int
+    micro: int
+    workers: int
+    rows: int
+    window_rows: int
+    cost_model: str
 
 
 def balance_options(args: Any) -> BalanceBenchOptions:
@@ -82,6 +86,7 @@ def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions
     """One table: today's order against balanced windows, from real loaders' rows."""
     from energon_pack.config import PackingConfig
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
+    from energon_pack.packing.simulate import rank_floor, summed_step_imbalance
     from energon_pack.qwen.processor import load_processor
 
     path = options.dataset
@@ -104,6 +109,8 @@ def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions
         table.append({
             "order": f"balanced (windows of {options.window_rows} rows)" if balance else "today",
             "step imbalance (mean)": f"{ratios.mean():.4f}", "p99": f"{np.percentile(ratios, 99):.4f}",
+            "summed": f"{summed_step_imbalance(flops, options.micro):.4f}",
+            "rank floor": f"{rank_floor(flops, options.micro):.4f}",
             "row cost CV": f"{flops.std() / flops.mean():.3f}", "fill": f"{fill:.4f}", "rows per rank": options.rows,
         })
     title = (f"balanced steps without a plan, real loaders ({path}; DP{options.dp} x {options.micro} micro-batches, "

@@ -1,9 +1,9 @@
 """``energon-pack bench --stage loader``: the packing loader against the eager design, on your data.
 
-The eager design is the Hugging Face processor in ``encode_sample`` (pixels for every buffered
-sample) and first-fit-decreasing per buffer with Energon's own ``PackingDataset``
-(`HFProcessorPackingTaskEncoder`), as Megatron-Bridge does. Both run on the
-same prepared dataset, row width and worker count; for every buffer size ours runs with each
+The eager design is the Hugging Face processor in ``encode_sample`` (pixels, and for Qwen-Omni
+audio features padded as the processor pads them, for every buffered sample) and
+first-fit-decreasing per buffer with Energon's own ``PackingDataset``
+(`HFProcessorPackingTaskEncoder`), as Megatron-Bridge does. Both run on the same prepared dataset, row width and worker count; for every buffer size ours runs with each
 pixel payload and eager with its float32 payload. Runs are interleaved (every setting once per
 round, the order alternating) and repeated ``--epochs`` times; each run is one finite epoch.
 
@@ -39,29 +39,51 @@ from energon_pack.core.stage_times import STAGES
 from energon_pack.tools.common import BenchRows, bench_dataset, hf_processor_outputs
 
 __all__ = [
+    "AudioCarried",
     "HFProcessorPackingTaskEncoder",
     "LoaderBenchOptions",
     "LoaderSetting",
     "WorkerMemorySampler",
     "bench_loader",
+    "check_one_setting",
     "loader_bench_tables",
     "loader_options",
     "measure_settings",
+    "one_setting_from_args",
+    "padded_cat",
+    "row_audio_frames",
+    "side_figures",
+    "stage_split",
 ]
 
-#: Visual fields of the processor output that the baseline buffers and packs.
-PROCESSED_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+#: Visual and (Qwen-Omni) audio fields of the processor output that the baseline buffers and packs:
+#: audio features padded per clip as the processor pads them, [n, n_mels, frames], and their mask [n, frames].
+PROCESSED_FIELDS = (
+    "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "input_features", "feature_attention_mask",
+)
+
+
+def padded_cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` concatenated along dim 0, each first zero-padded along its last dim to the longest
+    (a padded batch: audio features the processor padded per sample, to different lengths).
+
+    Example: [2, 128, 300] and [1, 128, 500] -> [3, 128, 500]; [4, 1176] and [2, 1176] -> [6, 1176].
+    """
+    longest = max(t.shape[-1] for t in tensors)
+    return torch.cat([t if t.shape[-1] == longest else torch.nn.functional.pad(t, (0, longest - t.shape[-1])) for t in tensors])
 
 
 @edataclass
 class ProcessedSample(Sample):
-    """Baseline sample: the full HF processor output of one chat (token ids and pixel tensors)."""
+    """Baseline sample: the full HF processor output of one chat (token ids, pixel and audio tensors)."""
 
     input_ids: torch.Tensor
     pixel_values: Optional[torch.Tensor] = None
     image_grid_thw: Optional[torch.Tensor] = None
     pixel_values_videos: Optional[torch.Tensor] = None
     video_grid_thw: Optional[torch.Tensor] = None
+    input_features: Optional[torch.Tensor] = None
+    feature_attention_mask: Optional[torch.Tensor] = None
 
     def nbytes(self) -> int:
         """Bytes of every tensor the sample holds."""
@@ -97,7 +119,10 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
         if self._cpu_start is None:
             self._cpu_start = time.process_time()
         with timed("HF processor"):
-            outputs = hf_processor_outputs(self.processor, sample.conversation, sample.images, sample.videos)
+            outputs = hf_processor_outputs(
+                self.processor, sample.conversation, sample.images, sample.videos, sample.audios or (),
+                use_audio_in_video=sample.use_audio_in_video,
+            )
         visual = {name: outputs.get(name) for name in PROCESSED_FIELDS}
         return ProcessedSample.derive_from(sample, input_ids=outputs["input_ids"][0], **visual)
 
@@ -139,7 +164,7 @@ class HFProcessorPackingTaskEncoder(TaskEncoder[QwenVLChatSample, ProcessedSampl
         }
         for name in PROCESSED_FIELDS:
             present = [getattr(s, name) for s in samples if getattr(s, name) is not None]
-            row[name] = torch.cat(present) if present else None
+            row[name] = padded_cat(present) if present else None
         return row
 
     @stateless
@@ -177,6 +202,30 @@ class LoaderSetting:
     def label(self) -> str:
         """Example: ``LoaderSetting(side="ours", pixel_dtype="uint8", buffer_size=64).label`` -> "ours uint8 B64"."""
         return f"{self.side} {self.pixel_dtype} B{self.buffer_size}"
+
+
+def check_one_setting(options: LoaderBenchOptions, bench: str) -> None:
+    """ValueError unless ``options`` give one buffer size and one pixel payload (one setting per side)."""
+    if len(options.buffer_sizes) != 1 or len(options.pixel_dtypes) != 1:
+        raise ValueError(
+            f"{bench} compares ours and eager at one setting, not buffer_sizes={options.buffer_sizes} "
+            f"and pixel_dtypes={options.pixel_dtypes}; fix: give one of each"
+        )
+
+
+def one_setting_from_args(base: LoaderBenchOptions, args: Any) -> LoaderBenchOptions:
+    """``base`` with the command line's row width (``--seq-length``; None keeps base's), first buffer
+    size, workers, epochs and prefetch factor: the one setting of the realistic and audio benches."""
+    import dataclasses
+
+    return dataclasses.replace(
+        base,
+        seq_length=args.seq_length if args.seq_length is not None else base.seq_length,
+        buffer_sizes=(args.buffer_sizes[0],),
+        workers=args.workers,
+        epochs=args.epochs,
+        prefetch_factor=args.prefetch_factor,
+    )
 
 
 def settings_of(options: LoaderBenchOptions) -> list[LoaderSetting]:
@@ -241,16 +290,33 @@ class WorkerMemorySampler(threading.Thread):
         self.join()
 
 
+@dataclass(frozen=True)
+class AudioCarried:
+    """Sounds in rows, their real feature frames and the frames the rows carry (padding included);
+    sums with ``+``. Example: ``AudioCarried(1, 100, 30000) + AudioCarried(1, 37, 30000)`` ->
+    ``AudioCarried(2, 137, 60000)``."""
+
+    sounds: int = 0
+    real_frames: int = 0
+    carried_frames: int = 0
+
+    def __add__(self, other: "AudioCarried") -> "AudioCarried":
+        return AudioCarried(
+            self.sounds + other.sounds, self.real_frames + other.real_frames, self.carried_frames + other.carried_frames
+        )
+
+
 @dataclass
 class RunFigures:
     """What one finite epoch of one setting measured."""
 
-    #: What the rows carried: samples and their keys, rows, real tokens, pixel payload bytes.
+    #: What the rows carried: samples and their keys, rows, real tokens, pixel payload bytes, sounds.
     samples: int = 0
     keys: set[str] = field(default_factory=set)
     rows: int = 0
     real_tokens: int = 0
     pixel_bytes: int = 0
+    audio: AudioCarried = AudioCarried()
     #: Wall seconds of the epoch in the trainer process.
     seconds: float = 0.0
     #: Per worker id, the telemetry its last row carried (``runtime.stats.worker_telemetry``: running totals).
@@ -296,6 +362,21 @@ def row_pixel_bytes(row: dict[str, Any]) -> int:
     return sum(t.nbytes for t in tensors if t is not None)
 
 
+def row_audio_frames(row: dict[str, Any]) -> AudioCarried:
+    """The sounds of a row's audio features, ours (``audio_inputs``: real frames only) or eager
+    (``input_features`` [n, n_mels, T] padded, ``feature_attention_mask`` [n, T]).
+
+    Example: an eager row of two clips of 100 and 37 frames padded to 30000 -> ``AudioCarried(2, 137, 60000)``.
+    """
+    audio = row.get("audio_inputs")
+    if audio is not None:
+        return AudioCarried(int(audio.audio_feature_lengths.numel()), audio.frames, audio.frames)
+    features, mask = row.get("input_features"), row.get("feature_attention_mask")
+    if features is None:
+        return AudioCarried()
+    return AudioCarried(int(features.shape[0]), int(mask.sum()), int(features.shape[0] * features.shape[-1]))
+
+
 def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: bool = True) -> RunFigures:
     """Iterate a fresh loader to the end of its epoch while sampling its workers' memory (unless
     ``sample_memory`` is False: in-process loading has no workers, and the sampler's scans of the
@@ -320,6 +401,7 @@ def measure_run(make_loader: Callable[[], Any], desc: str, *, sample_memory: boo
             figures.keys.update(row["__keys__"])
             figures.real_tokens += int(row["cu_seqlens_q"][-1])
             figures.pixel_bytes += row_pixel_bytes(row)
+            figures.audio += row_audio_frames(row)
             telemetry = row["__stats__"]
             figures.peak_buffered = max(figures.peak_buffered, telemetry.get("buffered_bytes", 0))
             figures.last_telemetry[telemetry.get("worker_id", 0)] = telemetry
@@ -393,6 +475,38 @@ def measure_settings(
     return runs, passes
 
 
+def side_figures(runs: Sequence[RunFigures]) -> dict[str, float]:
+    """One side's figures over its runs: samples/s and tokens/s (median, wall), samples per worker CPU
+    second and worker CPU seconds (best run), worker peak USS and RSS in MiB (max over runs).
+
+    Example: runs of 10 samples in 2 s and 4 s with 2 and 3 worker CPU s -> samples/s 3.75, samples/worker CPU s 5.0.
+    """
+    cpu = min(run.worker_seconds.get("cpu", float("inf")) for run in runs)
+    mib = float(2**20)
+    return {
+        "samples/s": statistics.median(run.samples / run.seconds for run in runs),
+        "tokens/s": statistics.median(run.real_tokens / run.seconds for run in runs),
+        # Per CPU second of the workers: what samples/s would be on cores of its own (a shared machine's
+        # other jobs slow the wall clock, not this).
+        "samples/worker CPU s": runs[0].samples / cpu,
+        "worker peak USS MiB": max(run.peak_uss for run in runs) / mib,
+        "worker peak RSS MiB": max(run.peak_rss for run in runs) / mib,
+        "worker CPU s": cpu,
+    }
+
+
+def stage_split(runs: Sequence[RunFigures], stages: Sequence[str]) -> dict[str, float]:
+    """Where one side's worker time went: "worker s", the sum over ``stages`` of each stage's median
+    seconds over ``runs`` (summed over workers), then each stage's share of it in percent.
+
+    Example: runs with {"decode": 3.0, "probe": 1.0} and {"decode": 5.0, "probe": 1.0}, stages
+    ("probe", "decode") -> {"worker s": 5.0, "probe %": 20.0, "decode %": 80.0}.
+    """
+    seconds = {stage: statistics.median(run.stage_seconds.get(stage, 0.0) for run in runs) for stage in stages}
+    total = sum(seconds.values()) or 1.0
+    return {"worker s": total, **{f"{stage} %": 100 * value / total for stage, value in seconds.items()}}
+
+
 def loader_bench_tables(
     options: LoaderBenchOptions, dataset: Path, processor: Any = None
 ) -> list[tuple[str, list[dict[str, Any]], list[str]]]:
@@ -434,9 +548,7 @@ def loader_bench_tables(
             "rows": first.rows,
             "samples": first.samples,
         })
-        seconds = {stage: statistics.median(run.stage_seconds.get(stage, 0.0) for run in runs[setting]) for stage in (*STAGES, HF_PROCESSOR_STAGE)}
-        total = sum(seconds.values()) or 1.0
-        stages.append({"setting": setting.label, "worker s": total, **{f"{stage} %": 100 * value / total for stage, value in seconds.items()}})
+        stages.append({"setting": setting.label, **stage_split(runs[setting], (*STAGES, HF_PROCESSOR_STAGE))})
     title = (
         f"loader: {dataset} (W={options.seq_length}, {options.workers} workers, prefetch_factor "
         f"{options.prefetch_factor}, {options.epochs} interleaved runs per setting; eager = HF processor in "

@@ -17,13 +17,14 @@ seconds (best of each), and cores per GPU: the CPU cores that feed one GPU train
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from energon_pack.tools.bench_loader import LoaderBenchOptions, RunFigures, measure_settings, settings_of
+from energon_pack.tools.bench_loader import (
+    LoaderBenchOptions, RunFigures, check_one_setting, measure_settings, one_setting_from_args, settings_of, side_figures,
+)
 from energon_pack.tools.realistic_mix import RealisticMix, clip_durations, realistic_dataset
 
 __all__ = [
@@ -64,11 +65,7 @@ class RealisticBenchOptions:
     gpu_tokens_per_s: float = DEFAULT_GPU_TOKENS_PER_S
 
     def __post_init__(self) -> None:
-        if len(self.loader.buffer_sizes) != 1 or len(self.loader.pixel_dtypes) != 1:
-            raise ValueError(
-                f"the realistic bench compares ours and eager at one setting, not buffer_sizes={self.loader.buffer_sizes} "
-                f"and pixel_dtypes={self.loader.pixel_dtypes}; fix: give one of each"
-            )
+        check_one_setting(self.loader, "the realistic bench")
 
 
 def cores_per_gpu(gpu_tokens_per_s: float, worker_cpu_seconds: float, tokens: int) -> float:
@@ -80,19 +77,12 @@ def cores_per_gpu(gpu_tokens_per_s: float, worker_cpu_seconds: float, tokens: in
 
 
 def _side_figures(runs: Sequence[RunFigures], floor_cpu: float, gpu_tokens_per_s: float) -> dict[str, float]:
-    """One side's figures over its runs (medians of rates, peaks of memory, best CPU seconds)."""
-    cpu = min(run.worker_seconds.get("cpu", float("inf")) for run in runs)
+    """One side's figures over its runs (`bench_loader.side_figures`, efficiency, cores per GPU)."""
+    figures = side_figures(runs)
+    cpu = figures["worker CPU s"]
     tokens = runs[0].real_tokens
-    mib = float(2**20)
     return {
-        "samples/s": statistics.median(run.samples / run.seconds for run in runs),
-        "tokens/s": statistics.median(run.real_tokens / run.seconds for run in runs),
-        # Per CPU second of the workers: what samples/s would be on cores of its own (a shared machine's
-        # other jobs slow the wall clock, not this).
-        "samples/worker CPU s": runs[0].samples / cpu,
-        "worker peak USS MiB": max(run.peak_uss for run in runs) / mib,
-        "worker peak RSS MiB": max(run.peak_rss for run in runs) / mib,
-        "worker CPU s": cpu,
+        **figures,
         "efficiency (floor CPU / worker CPU)": floor_cpu / cpu,
         "cores per GPU": cores_per_gpu(gpu_tokens_per_s, cpu, tokens),
         "samples": runs[0].samples,
@@ -147,14 +137,7 @@ def bench_realistic(work_dir: Path, options: RealisticBenchOptions) -> list[tupl
 def realistic_options(args: Any) -> RealisticBenchOptions:
     """The realistic bench's knobs from the command line (``--family all`` is every family of `REALISTIC_FAMILIES`)."""
     mix = RealisticMix(photos=args.photos, clip_seconds=clip_durations(args.clips)).scaled(args.mix_scale)
-    loader = replace(
-        REALISTIC_LOADER,
-        seq_length=args.seq_length if args.seq_length is not None else REALISTIC_LOADER.seq_length,
-        buffer_sizes=(args.buffer_sizes[0],),
-        workers=args.workers,
-        epochs=args.epochs,
-        prefetch_factor=args.prefetch_factor,
-    )
+    loader = one_setting_from_args(REALISTIC_LOADER, args)
     return RealisticBenchOptions(
         mix=mix,
         families=REALISTIC_FAMILIES if args.family == "all" else (args.family,),

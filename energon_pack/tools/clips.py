@@ -65,13 +65,14 @@ ENCODINGS = {
 @dataclass(frozen=True, kw_only=True)
 class ClipSpec:
     """One H.264 MP4 clip: ``seconds`` long at ``fps`` frames/s, ``width`` x ``height`` pixels, a
-    keyframe every ``keyframe_seconds`` (phones write one a second, web encodes every 2-10 s).
-    Example: ``ClipSpec(seconds=600, width=1280, height=720, keyframe_seconds=1)`` -> 18000 frames."""
+    keyframe every ``keyframe_seconds`` (phones write one a second, web encodes every 2-10 s); the
+    fields in that order. Example: ``ClipSpec(seconds=600, width=1280, height=720, keyframe_seconds=1)``
+    -> 18000 frames."""
 
     seconds: float
+    fps: int = 30
     width: int
     height: int
-    fps: int = 30
     keyframe_seconds: float = 2.0
     #: 0: a few distinct flat frames (decoding is nearly free); > 0: a moving texture with fresh noise
     #: of this amplitude on every frame of an interval (about 5 Mbit/s and a camera clip's decode cost at 720p, 20).

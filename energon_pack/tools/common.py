@@ -78,13 +78,20 @@ def hf_processor_outputs(
     messages: Sequence[dict],
     images: Sequence[bytes],
     videos: Sequence[bytes],
+    audios: Sequence[bytes] = (),
+    *,
+    use_audio_in_video: bool = False,
 ) -> Any:
     """The baseline: the Hugging Face processor output for one chat, called as docs/batch_contract.md says.
 
     Images go in as opened PIL images turned upright by their EXIF orientation (as
     ``transformers.image_utils.load_image`` turns them); video frames are decoded with PyAV (rgb24), every
     frame in order as ``load_video`` does (no seeking), kept at the frame indices of
-    ``sample_frame_indices`` and passed with ``do_sample_frames=False`` and their ``VideoMetadata``. Returns the processor's ``BatchFeature`` (tensors, batch of 1).
+    ``sample_frame_indices`` and passed with ``do_sample_frames=False`` and their ``VideoMetadata``.
+    Qwen-Omni: each sound (an audio, or with ``use_audio_in_video`` a video's sound track) decoded to
+    the feature extractor's rate (`qwen.audio.decode_audio`), one per slot in placeholder order with
+    ``audio_from_video_indices`` and ``load_audio_from_video`` (`omni_audio_kwargs`); the processor
+    pads them as it does (Qwen2.5-Omni: each to 300 s). Returns the processor's ``BatchFeature`` (tensors, batch of 1).
     """
     from PIL import Image, ImageOps
 
@@ -107,12 +114,47 @@ def hf_processor_outputs(
             frames.append(decode_video_frames(data, timing.frame_indices, timing.total_frames, seek=False))
             metadata.append(timing.metadata())
         call_kwargs.update(videos=frames, video_metadata=metadata, do_sample_frames=False)
+    if audios or use_audio_in_video:
+        call_kwargs.update(omni_audio_kwargs(processor, messages, audios, videos, use_audio_in_video=use_audio_in_video))
     return processor(
         text=[processor.apply_chat_template(list(messages))],
         images=[ImageOps.exif_transpose(Image.open(io.BytesIO(data))) for data in images] or None,
         return_tensors="pt",
         **call_kwargs,
     )
+
+
+def omni_audio_kwargs(
+    processor: Any, messages: Sequence[dict], audios: Sequence[bytes], videos: Sequence[bytes], *, use_audio_in_video: bool
+) -> dict[str, Any]:
+    """The Qwen-Omni processor's audio keywords for one chat: ``audio`` (one mono float32 waveform
+    per sound slot, in placeholder order) and, with ``use_audio_in_video``, ``load_audio_from_video``
+    and ``audio_from_video_indices`` (None for an audio part, the video's index for a heard video).
+
+    Example: parts [video, audio] heard -> audio=[sound of videos[0], audios[0]], indices [0, None].
+    """
+    from dataclasses import replace
+
+    from energon_pack.qwen.audio import AudioSpec, decode_audio
+
+    # The processor hears what it is given, up to the model's cap: decode at its extractor's rate.
+    spec = replace(AudioSpec(), sampling_rate=int(processor.feature_extractor.sampling_rate))
+    slots: list[int | None] = []
+    video_index = 0
+    for message in messages:
+        for part in message["content"]:
+            if part["type"] == "audio":
+                slots.append(None)
+            elif part["type"] == "video":
+                if use_audio_in_video:
+                    slots.append(video_index)
+                video_index += 1
+    standalone = iter(audios)
+    waveforms = [decode_audio(next(standalone) if slot is None else videos[slot], spec) for slot in slots]
+    kwargs: dict[str, Any] = {"audio": waveforms} if waveforms else {}
+    if use_audio_in_video:
+        kwargs.update(load_audio_from_video=True, audio_from_video_indices=slots)
+    return kwargs
 
 
 def tensor_bytes(outputs: Any) -> int:

@@ -240,30 +240,50 @@ def test_merge_a_lost_or_a_stray_shard(records, capsys):
 
 
 @pytest.mark.parametrize(
-    ("argv", "named"),
+    ("media", "argv", "named"),
     [
-        (["--mix-scale", "0"], "--mix-scale"),
-        (["--mix-scale", "-0.5"], "--mix-scale"),
-        (["--mix-scale", "nan"], "--mix-scale"),
-        (["--mix-scale", "half"], "--mix-scale"),
-        (["--photos", "-1"], "--photos"),
-        (["--photos", "many"], "--photos"),
-        (["--clips", "-2"], "--clips"),
-        (["--max-frames", "1"], "--max-frames"),
-        (["--max-frames", "6.5"], "--max-frames"),
-        (["--gpu-tokens-per-s", "0"], "--gpu-tokens-per-s"),
-        (["--gpu-tokens-per-s", "inf"], "--gpu-tokens-per-s"),
-        (["--family", "qwen4"], "--family"),
-        (["--media", "real"], "--media"),
-        (["--seq-length", "0"], "--seq-length"),
+        ("realistic", ["--mix-scale", "0"], "--mix-scale"),
+        ("realistic", ["--mix-scale", "-0.5"], "--mix-scale"),
+        ("realistic", ["--mix-scale", "nan"], "--mix-scale"),
+        ("realistic", ["--mix-scale", "half"], "--mix-scale"),
+        ("realistic", ["--photos", "-1"], "--photos"),
+        ("realistic", ["--photos", "many"], "--photos"),
+        ("realistic", ["--clips", "-2"], "--clips"),
+        ("realistic", ["--max-frames", "1"], "--max-frames"),
+        ("realistic", ["--max-frames", "6.5"], "--max-frames"),
+        ("realistic", ["--gpu-tokens-per-s", "0"], "--gpu-tokens-per-s"),
+        ("realistic", ["--gpu-tokens-per-s", "inf"], "--gpu-tokens-per-s"),
+        ("realistic", ["--family", "qwen4"], "--family"),
+        ("realistic", ["--media", "real"], "--media"),
+        ("realistic", ["--seq-length", "0"], "--seq-length"),
+        ("audio", ["--audio-clips", "-1"], "--audio-clips"),
+        ("audio", ["--audio-clips", "some"], "--audio-clips"),
+        ("audio", ["--sound-videos", "-3"], "--sound-videos"),
+        ("audio", ["--sound-videos", "2.5"], "--sound-videos"),
+        ("audio", ["--family", "qwen4-omni"], "--family"),
+        ("audio", ["--media", "sound"], "--media"),
+        ("audio", ["--seq-length", "0"], "--seq-length"),
     ],
 )
-def test_bench_realistic_option_values(argv, named, capsys):
-    line = one_line_error(capsys, ["bench", "--media", "realistic", *argv])
+def test_bench_media_option_values(media, argv, named, capsys):
+    line = one_line_error(capsys, ["bench", "--media", media, *argv])
     assert named in line and argv[1] in line
 
 
 def test_bench_realistic_runs_the_loader_stage_only(tmp_path, capsys):
     line = one_line_error(capsys, ["bench", "--media", "realistic", "--stage", "plan", "--out", str(tmp_path)])
     assert "--stage plan" in line and "--stage loader" in line
+    assert not any(tmp_path.iterdir())  # nothing generated
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--stage", "plan"], "--stage loader"),
+        (["--family", "qwen2.5-vl"], "--family one of qwen2.5-omni"),
+    ],
+)
+def test_bench_audio_refuses_before_generating_anything(argv, named, tmp_path, capsys):
+    line = one_line_error(capsys, ["bench", "--media", "audio", *argv, "--out", str(tmp_path)])
+    assert named in line and argv[1] in line
     assert not any(tmp_path.iterdir())  # nothing generated

@@ -513,7 +513,9 @@ def test_fingerprint_is_derived_from_the_parts() -> None:
                        # blends enter only when not at their defaults (tests/config/test_blend_config.py)
                        "blend_unit", "blend_schedule", "blend_schedule_mode",
                        # Qwen-Omni audio knobs enter (media_fingerprint) only away from their defaults
-                       "max_audio_seconds", "on_overlong_audio"}
+                       "max_audio_seconds", "on_overlong_audio",
+                       # the per-row audio budget enters only when set (test_optional_knobs_enter_the_fingerprint_when_set)
+                       "max_row_audio_frames"}
     part_keys = {f.name for name in ("row", "policy", "loader") for f in dataclasses.fields(CONFIG_PARTS[name])}
     assert set(config.fingerprint()) == part_keys - unfingerprinted | {"pad_multiple"}
 
@@ -607,6 +609,16 @@ def test_optional_knobs_enter_the_fingerprint_when_set() -> None:
     assert PackingConfig(seq_length=8192, fast_jpeg_decode=True).fingerprint()["fast_jpeg_decode"] is True
     with pytest.raises(ValueError, match="fast_jpeg_decode='yes': must be a boolean"):
         PackingConfig(seq_length=8192, fast_jpeg_decode="yes")
+    assert "max_row_audio_frames" not in plain
+    assert PackingConfig(seq_length=8192, max_row_audio_frames=3000).fingerprint()["max_row_audio_frames"] == 3000
+
+
+def test_audio_budget_knob_is_checked() -> None:
+    assert PackingConfig(seq_length=8192, max_row_audio_frames=3000).policy.max_row_audio_frames == 3000
+    with pytest.raises(ValueError, match="max_row_audio_frames=0"):
+        PackingConfig(seq_length=8192, max_row_audio_frames=0)
+    with pytest.raises(ValueError, match="max_row_audio_frames=3000: mode 'in_batch'"):
+        PackingConfig(seq_length=8192, mode="in_batch", micro_batch_size=2, fixed_width=False, max_row_audio_frames=3000)
 
 
 def test_balanced_steps_knobs() -> None:

@@ -22,6 +22,7 @@ from energon_pack.formats.safe_pickle import load_plain_pickle
 from tests.support.bridge_datasets import (
     PICKLED_YAML,
     TUTORIAL_YAML,
+    audio_samples,
     encoded_image,
     pickled_samples,
     tutorial_samples,
@@ -221,10 +222,34 @@ def test_a_tools_member_wins_over_the_conversation_json_and_a_malformed_one_is_a
     assert bridge_fields({"json": turns, "tools.json": b'"zoom"'}, field_map=field_map)["invalid_reason"] == "malformed_tools"
 
 
-def test_audio_is_a_counted_skip():
-    field_map = {"conversation": "json", "audio": "audio.wav"}
-    fields = bridge_fields({"json": b'[{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]', "audio.wav": b"RIFF"}, field_map=field_map)
-    assert fields["invalid_reason"] == "unsupported_audio"
+AUDIO_MAP = {"imgs": "jpgs", "audio": "audio", "conversation": "json"}
+
+
+def test_the_audio_member_is_the_records_one_audio():
+    samples = {sample["__key__"]: sample for sample in audio_samples()}
+    for key, sample in samples.items():
+        fields = _fields(sample, AUDIO_MAP)
+        assert fields["invalid_reason"] is None, fields["invalid_detail"]
+        assert fields["conversation"] == sample["record"]["messages"], key
+        assert fields.get("audios", []) == ([sample["audio"]] if sample["audio"] else []), key
+    assert "audios" not in _fields(samples["speech-3"], AUDIO_MAP)  # an empty member: no audio
+
+
+def test_an_audio_without_its_placeholder_is_a_counted_skip():
+    turns = json.dumps([{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]).encode()
+    fields = bridge_fields({"json": turns, "audio.wav": b"RIFF"}, field_map={"conversation": "json", "audio": "audio.wav"})
+    assert fields["invalid_reason"] == "placeholder_mismatch" and "0 audio placeholder(s) but 1 audio(s)" in fields["invalid_detail"]
+
+
+@pytest.mark.slow  # builds the offline Qwen2.5-VL processor when no other test did
+def test_a_vision_processor_hears_no_bridge_audio(processor):
+    from energon_pack.core.samples import QwenVLChatSample
+    from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
+
+    sample = audio_samples()[0]
+    raw = QwenVLChatSample(__key__="s", __restore_key__=(), __subflavors__=None, __sources__=None, **_fields(sample, AUDIO_MAP))
+    prepared = QwenVLPackingTaskEncoder(PackingConfig(seq_length=4096), processor).preencode_sample(raw)
+    assert prepared.skip_reason == "audio_not_supported"
 
 
 def test_the_restricted_unpickler_admits_plain_values_of_every_protocol():
@@ -240,6 +265,8 @@ def test_the_restricted_unpickler_admits_plain_values_of_every_protocol():
         ({"conversation": "json", "captions": "txt"}, "unknown fields ['captions']"),
         ({"conversation": "json", "videos": "jpgs"}, "one-frame video"),
         ({"conversation": "json", "imgs": "image.txt"}, "cannot read as imgs"),
+        ({"conversation": "json", "audio": "npy"}, "not an audio file member"),
+        ({"conversation": "json", "audio": "pyd"}, "not an audio file member"),
     ],
 )
 def test_an_unreadable_field_map_is_refused_in_one_line(field_map, needle):

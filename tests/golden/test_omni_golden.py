@@ -84,10 +84,14 @@ def encoder(processor) -> QwenChatEncoder:
     return QwenChatEncoder(processor)
 
 
-def _check_against_hf(encoder: QwenChatEncoder, processor: Any, case: OmniCase, family: str) -> None:
+def _check_against_hf(
+    encoder: QwenChatEncoder, processor: Any, case: OmniCase, family: str, *, fits: Any = None
+) -> Any:
+    """Prepare and encode ``case`` (shrunk to ``fits`` when given) and compare with the processor; returns the prepared chat."""
     media = make_omni_media(case)
     prepared = encoder.prepare(
-        case.conversation, media.images, media.videos, audios=media.audios, use_audio_in_video=case.use_audio_in_video
+        case.conversation, media.images, media.videos, audios=media.audios, use_audio_in_video=case.use_audio_in_video,
+        fits=fits,
     )
     encoded = encoder.encode(prepared, media.images, media.videos, audios=media.audios)
     sources = [media.audios[s] if s >= 0 else media.videos[-1 - s] for s in prepared.audio_sources or []]
@@ -110,6 +114,7 @@ def _check_against_hf(encoder: QwenChatEncoder, processor: Any, case: OmniCase, 
             assert torch.equal(value, ref[theirs]), (case.key, ours)
     expected_rope = reference_rope(THINKER_CONFIGS[family](), ref, case.use_audio_in_video)
     assert torch.equal(encoded.mrope_position_ids, expected_rope), case.key
+    return prepared
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.key for c in CASES])
@@ -145,3 +150,47 @@ def test_video_sound_interleaves_by_two_second_chunks(encoder, family):
         assert runs[:1] == [2] and runs[1:] == [1, 2] * (len(runs[1:]) // 2) and len(runs) >= 5
     else:
         assert runs == [2, 1, 2, 1, 2, 1, 2, 1]
+
+
+SHRINK_CASES = [
+    OmniCase("shrink_image_audio", [_message("user", IMAGE, AUDIO, "Match?"), _message("assistant", "No.")],
+             images=[(224, 336)], audios=[Sound("wav_s16", 2.0)]),
+    OmniCase("shrink_image_heard_video", [_message("user", IMAGE, VIDEO, "Same scene?"), _message("assistant", "Yes.")],
+             images=[(224, 336)], videos=[(16, 56, 84, 4, 4.0)], use_audio_in_video=True),
+    OmniCase("shrink_silent_video_audio", [_message("user", VIDEO, AUDIO, "Same?"), _message("assistant", "No.")],
+             videos=[(40, 56, 56, 4, None)], audios=[Sound("flac", 1.5)]),
+]
+
+
+@pytest.mark.parametrize("case", SHRINK_CASES, ids=[c.key for c in SHRINK_CASES])
+def test_shrink_keeps_the_sound_and_equals_hf(encoder, processor, family, case):
+    """``on_overlong="shrink"`` with sound: the sample is shrunk to fit a row 6 tokens narrower
+    than its full length, its sounds whole (same audio tokens and frames), the frames of a video
+    heard with its sound kept; and it equals the processor called with the lowered limits."""
+    full = _check_against_hf(encoder, processor, case, family)
+    width = len(full.input_ids) - 6
+    shrunk = _check_against_hf(encoder, processor, case, family, fits=lambda tokens, geometry: tokens <= width)
+    assert len(shrunk.input_ids) <= width and shrunk.tokens_before_shrink == len(full.input_ids)
+    assert (shrunk.audio_samples, shrunk.audio_frames) == (full.audio_samples, full.audio_frames)
+    audio_id = processor.tokenizer.convert_tokens_to_ids(processor.audio_token)
+    assert int((shrunk.input_ids == audio_id).sum()) == int((full.input_ids == audio_id).sum())
+    if case.images:
+        assert shrunk.image_max_pixels is not None
+    if case.use_audio_in_video:
+        assert shrunk.video_max_frames == encoder.vision.max_frames
+        assert torch.equal(shrunk.video_grid_thw, full.video_grid_thw)
+    elif case.videos:
+        assert shrunk.video_grid_thw[0, 0] < full.video_grid_thw[0, 0]
+
+
+def test_shrink_never_lowers_a_heard_video(encoder, processor):
+    """A sample whose heard video alone is too long for the row is left as it is (then skipped as overlong)."""
+    case = SHRINK_CASES[1]
+    media = make_omni_media(case)
+    kwargs = dict(audios=media.audios, use_audio_in_video=True)
+    full = encoder.prepare(case.conversation, media.images, media.videos, **kwargs)
+    video_tokens = int(full.video_grid_thw.prod()) // 4
+    narrow = encoder.prepare(case.conversation, media.images, media.videos, **kwargs,
+                             fits=lambda tokens, geometry: tokens <= video_tokens)
+    assert narrow.tokens_before_shrink is None and narrow.video_max_frames is None
+    assert torch.equal(narrow.input_ids, full.input_ids)

@@ -12,6 +12,7 @@ from energon_pack.config import PackingConfig
 from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
+from energon_pack.packing.simulate import rank_floor
 from energon_pack.tools.bench_balance import rank_row_flops, step_imbalance
 from tests.support.loader_runs import EAGER, row_digest
 
@@ -44,6 +45,12 @@ def test_four_ranks_wait_less_with_balanced_steps(dataset, processor) -> None:
     balanced, stats = rank_row_flops(dataset, make_config(True), processor, dp=4, rows=32)
     before, after = step_imbalance(today, MICRO).mean(), step_imbalance(balanced, MICRO).mean()
     assert after - 1 < (before - 1) * 0.7, (before, after)
+    # Two whole windows per worker: the same rows in another order, so each rank's total (and the
+    # rank floor no order goes below, docs/balanced_steps.md) is today's.
+    for rank in range(4):
+        for worker in range(2):
+            assert sorted(balanced[rank, worker::2]) == sorted(today[rank, worker::2]), (rank, worker)
+    assert rank_floor(balanced, MICRO) == pytest.approx(rank_floor(today, MICRO), rel=1e-12)
     report = stats[0]["balanced_row_flops"]
     assert report["rows"] >= 16 and report["cv"] > 0.01
     assert report["mean"] == pytest.approx(balanced[0].mean(), rel=0.1)

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energon_pack.packing.online_balance import balanced_window_rows, order_window, window_levels
-from energon_pack.packing.simulate import OnlineRows, rank_step_imbalance, reference_mix
+from energon_pack.packing.simulate import (OnlineRows, rank_floor, rank_step_imbalance, reference_mix,
+                                          summed_step_imbalance)
 from energon_pack.packing.algorithms import RowBudget
 from energon_pack.rows.flops import CostModel
 
@@ -20,6 +21,9 @@ def test_docstring_examples() -> None:
     assert order_window([1, 5, 3], [2, 0, 1]) == [0, 1, 2]
     stats = rank_step_imbalance(np.array([[3.0, 1.0], [2.0, 2.0]]), 1)
     assert stats.steps == 2 and stats.mean == pytest.approx((1.2 + 4 / 3) / 2)
+    assert summed_step_imbalance(np.array([[1.0, 3.0], [3.0, 1.0]]), 1) == pytest.approx(1.5)
+    assert rank_floor(np.array([[1.0, 3.0], [3.0, 1.0]]), 1) == pytest.approx(1.0)
+    assert rank_floor(np.array([[1.0, 3.0], [3.0, 1.0]]), 1, window_steps=1) == pytest.approx(1.5)
 
 
 layouts = dict(
@@ -83,8 +87,35 @@ def test_online_balanced_rows_wait_less_than_todays_on_the_same_rows() -> None:
     rows = OnlineRows(samples, costs, constant=model.constant(8192), budget=RowBudget(tokens=8192, segments=64),
                       pad_multiple=64, min_fill=0.99, max_wait_rounds=4)
     common = dict(dp=4, workers=2, micro_batches=2, steps=64, seed=0)
-    today = rank_step_imbalance(rows.rank_costs(window_rows=None, **common), 2)
-    balanced = rank_step_imbalance(rows.rank_costs(window_rows=32, **common), 2)
+    today_costs, balanced_costs = rows.rank_costs(window_rows=None, **common), rows.rank_costs(window_rows=32, **common)
+    today, balanced = rank_step_imbalance(today_costs, 2), rank_step_imbalance(balanced_costs, 2)
     assert today.steps == balanced.steps == 64
     assert balanced.mean - 1 < (today.mean - 1) / 2, (today, balanced)
+    # A window (32 rows x 2 workers = 32 steps) reorders the same rows: the floor per window is
+    # today's, and the layout sums above it.
+    floor = rank_floor(balanced_costs, 2, window_steps=32)
+    assert floor == pytest.approx(rank_floor(today_costs, 2, window_steps=32), rel=1e-12)
+    assert 1.0 <= floor <= summed_step_imbalance(balanced_costs, 2)
     assert 0.9 < rows.fill(8192) <= 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), dp=st.integers(1, 5), micro=st.integers(1, 3), window_steps=st.integers(1, 4),
+       windows=st.integers(1, 3))
+def test_no_order_within_windows_sums_below_the_rank_floor(data, dp, micro, window_steps, windows) -> None:
+    """Any order of each rank's rows within each window keeps the summed imbalance at or above the
+    floor (and the floor itself); steps proportional to each rank's window total reach it."""
+    size = window_steps * micro
+    costs = np.array(data.draw(st.lists(st.lists(st.integers(1, 50), min_size=size * windows, max_size=size * windows),
+                                        min_size=dp, max_size=dp)), dtype=np.float64)
+    floor = rank_floor(costs, micro, window_steps=window_steps)
+    seed = data.draw(st.integers(0, 2**16))
+    shuffled = costs.copy()
+    for rank in range(dp):
+        for window in range(windows):
+            part = slice(window * size, (window + 1) * size)
+            shuffled[rank, part] = np.random.default_rng(seed + rank).permutation(costs[rank, part])
+    assert rank_floor(shuffled, micro, window_steps=window_steps) == pytest.approx(floor)
+    assert summed_step_imbalance(shuffled, micro) >= floor - 1e-9
+    even = np.repeat(costs.sum(axis=1, keepdims=True), size * windows, axis=1)  # every step alike per rank
+    assert summed_step_imbalance(even, micro) == pytest.approx(rank_floor(even, micro, window_steps=window_steps))

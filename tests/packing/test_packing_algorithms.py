@@ -22,6 +22,7 @@ from energon_pack.packing.algorithms import (
     select_bins,
 )
 from energon_pack.packing.simulate import MixSample, PackingRound, iter_rounds, reference_length_mix
+from tests.support.subset_reference import brute_force_best
 
 
 def _lengths(bins: list[list[PackItem]]) -> list[list[int]]:
@@ -203,15 +204,6 @@ def test_best_subset_is_optimal(lengths: list[int], room: int, max_count: int | 
     assert len(chosen) <= limit
 
 
-def _brute_force_best(items: list[PackItem], room: RowBudget) -> int:
-    return max(
-        sum(it.length for it in subset)
-        for k in range(len(items) + 1)
-        for subset in itertools.combinations(items, k)
-        if room.fits(subset)
-    )
-
-
 budgeted_items = st.lists(
     st.tuples(st.integers(1, 30), st.integers(0, 20), st.integers(0, 3)), min_size=0, max_size=9
 ).map(lambda rows: [PackItem(i, n, 0, vision=v, media=m) for i, (n, v, m) in enumerate(rows)])
@@ -230,7 +222,7 @@ def test_budgeted_subset_is_optimal_with_one_limit(items: list[PackItem], tokens
     assert len({it.index for it in chosen}) == len(chosen) and set(chosen) <= set(items)
     assert [it.index for it in chosen] == sorted(it.index for it in chosen)
     assert room.fits(chosen)
-    assert sum(it.length for it in chosen) == _brute_force_best(items, room)
+    assert sum(it.length for it in chosen) == brute_force_best(items, room)
 
 
 @settings(max_examples=300, deadline=None)
@@ -247,7 +239,7 @@ def test_budgeted_subset_respects_every_limit(
     room = RowBudget(tokens=tokens, segments=segments, vision_patches=vision, media=media)
     chosen = _best_subset_budgeted(items, room)
     assert room.fits(chosen) and set(chosen) <= set(items)
-    assert sum(it.length for it in chosen) <= _brute_force_best(items, room)
+    assert sum(it.length for it in chosen) <= brute_force_best(items, room)
     # Items never matter beyond their counts: the same search without limits matches _best_subset.
     unlimited = _best_subset_budgeted(items, RowBudget(tokens=tokens, segments=segments))
     assert sum(it.length for it in unlimited) == sum(it.length for it in _best_subset(items, tokens, segments))

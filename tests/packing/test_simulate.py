@@ -294,3 +294,4 @@ def test_simulate_prints_the_step_imbalance_of_both_dealings(capsys):
     assert all(float(line[6]) < float(line[3]) for line in lines)  # balanced mean below today's
     assert "online balanced mean" in out
     assert all(float(line[9]) < float(line[8]) for line in lines)  # online balanced below online today
+    assert "online floor" in out and all(float(line[11]) >= 1.0 for line in lines)

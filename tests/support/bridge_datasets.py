@@ -8,6 +8,9 @@ Two layouts (Bridge 0.6.2's tutorials/examples):
   (a pickled list of encoded images), ``videos`` (a pickled list of videos, each a list of encoded
   frames) and ``json`` (``from``/``value`` turns with ``<image>`` / ``<video>`` placeholders); text-only
   samples carry empty pickled lists.
+- ``audio`` (Bridge's ``ChatMLSample.audio``, decoded by its ``audiohandler``): members ``jpgs``,
+  ``audio`` (one audio file, any container) and ``json`` (`audio_samples`, each with its record in
+  our own format for the golden against our record path).
 
 Shards are indexed with Energon's own prepare API, then ``.nv-meta/dataset.yaml`` names Bridge's class.
 """
@@ -113,7 +116,7 @@ def write_bridge_dataset(root: Path, samples: list[dict[str, bytes]], dataset_ya
         with tarfile.open(root / name, "w") as archive:
             for sample in samples[start : start + samples_per_shard]:
                 for member, payload in sample.items():
-                    if member == "__key__":
+                    if member in ("__key__", "record", "media"):  # our record form of the sample (audio_samples), not a member
                         continue
                     info = tarfile.TarInfo(name=f"{sample['__key__']}.{member}")
                     info.size = len(payload)
@@ -122,3 +125,57 @@ def write_bridge_dataset(root: Path, samples: list[dict[str, bytes]], dataset_ya
     BaseWebdatasetFactory.prepare_dataset(root, shards, split_parts_ratio=[("train", 1.0)], workers=1, shuffle_seed=None)
     (root / ".nv-meta" / "dataset.yaml").write_text(dataset_yaml, encoding="utf-8")
     return root
+
+
+AUDIO_YAML = f"""\
+__module__: {BRIDGE_MODULE}
+__class__: ChatMLWebdataset
+field_map:
+  imgs: jpgs
+  audio: audio
+  conversation: json
+subflavors: {{}}
+"""
+
+
+def audio_samples() -> list[dict[str, Any]]:
+    """Bridge samples with sound (field_map ``audio: audio``: one audio file per sample, any
+    container Bridge's soundfile reads), each with the record our own format holds for it
+    (``record``: id, typed messages in Bridge's part order, and the media by file name).
+
+    An ``<audio>`` placeholder in a ``from``/``value`` string (WAV, 16 kHz), a typed audio part after
+    the text (FLAC, 44.1 kHz stereo: Bridge keeps a typed audio part where it is), an image and an
+    audio (MP3, 22.05 kHz: media before the text), and a text-only sample with an empty audio member.
+    """
+    from tests.support.audio_media import encode_audio, tone
+
+    wav = encode_audio(tone(1.2, 16000, seed=1), 16000, "wav_s16")
+    flac = encode_audio(tone(0.9, 44100, 2, seed=2), 44100, "flac")
+    mp3 = encode_audio(tone(1.6, 22050, seed=3), 22050, "mp3")
+    image = encoded_image(21, 56, 84)
+    user, assistant = "user", "assistant"
+
+    def text(value: str) -> dict[str, str]:
+        return {"type": "text", "text": value}
+
+    rows: list[tuple[str, list[dict[str, Any]], list[bytes], bytes, list[dict[str, Any]]]] = [
+        ("speech-0", [{"from": "human", "value": "<audio>\nWhat is said?"}, {"from": "gpt", "value": "A tone."}], [], wav,
+         [{"role": user, "content": [{"type": "audio"}, text("\nWhat is said?")]}, {"role": assistant, "content": [text("A tone.")]}]),
+        ("speech-1", [{"role": user, "content": [text("Listen:"), {"type": "audio"}]}, {"role": assistant, "content": "Two notes."}], [], flac,
+         [{"role": user, "content": [text("Listen:"), {"type": "audio"}]}, {"role": assistant, "content": [text("Two notes.")]}]),
+        ("speech-2", [{"role": user, "content": "Does <image> match <audio>?"}, {"role": assistant, "content": "No."}], [image], mp3,
+         [{"role": user, "content": [{"type": "image"}, {"type": "audio"}, text("Does match?")]},
+          {"role": assistant, "content": [text("No.")]}]),
+        ("speech-3", [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}], [], b"",
+         [{"role": user, "content": [text("Hi")]}, {"role": assistant, "content": [text("Hello.")]}]),
+    ]
+    samples = []
+    for key, conversation, images, audio, messages in rows:
+        extension = {wav: "wav", flac: "flac", mp3: "mp3"}.get(audio)
+        record = {"id": key, "messages": messages, "images": [f"{key}.jpg"] if images else [],
+                  "audios": [f"{key}.{extension}"] if audio else []}
+        samples.append({
+            "__key__": key, "jpgs": pickle.dumps(images), "audio": audio, "json": json.dumps(conversation).encode(),
+            "record": record, "media": {**({f"{key}.jpg": images[0]} if images else {}), **({f"{key}.{extension}": audio} if audio else {})},
+        })
+    return samples

@@ -76,12 +76,15 @@ def decode_frames(data: bytes, indices: tuple[int, ...]) -> np.ndarray:
 def reference_omni_inputs(
     processor: Any, case: OmniCase, media: OmniMedia, prepared: Any, waveforms: list[np.ndarray]
 ) -> Any:
-    """``Qwen2_5OmniProcessor`` outputs of ``case`` alone: images as PIL, video frames at the
-    prepared indices (``do_sample_frames=False``), ``waveforms`` (one per heard sound, token order)
-    with ``audio_from_video_indices`` and ``load_audio_from_video`` = the record's flag."""
+    """``Qwen2_5OmniProcessor`` outputs of ``case`` alone: images as PIL (under the prepared sample's
+    own pixel limit when ``on_overlong="shrink"`` set one), video frames at the prepared indices
+    (``do_sample_frames=False``), ``waveforms`` (one per heard sound, token order) with
+    ``audio_from_video_indices`` and ``load_audio_from_video`` = the record's flag."""
     kwargs: dict[str, Any] = {}
     if media.images:
         kwargs["images"] = [Image.open(io.BytesIO(data)).convert("RGB") for data in media.images]
+        if prepared.image_max_pixels is not None:
+            kwargs["images_kwargs"] = {"size": {**dict(processor.image_processor.size), "longest_edge": prepared.image_max_pixels}}
     if media.videos:
         timings = prepared.video_timings
         kwargs["videos"] = [decode_frames(data, t.frame_indices) for data, t in zip(media.videos, timings)]

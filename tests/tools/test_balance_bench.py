@@ -20,5 +20,6 @@ def test_steps_sum_each_ranks_micro_batches_and_compare_the_slowest_to_the_mean(
 def test_options_come_from_the_command_line() -> None:
     args = argparse.Namespace(dataset=None, seq_length=None, balance_dp=8, balance_micro=4, workers=1, rows=64,
                               window_rows=32, cost_model="qwen2.5-vl-7b")
-    assert balance_options(args) == BalanceBenchOptions(dp=8, micro=4, workers=1, rows=64, window_rows=32,
-                                                        cost_model="qwen2.5-vl-7b")
+    assert balance_options(args) == BalanceBenchOptions(
+        dataset=None, seq_length=1024, dp=8, micro=4, workers=1, rows=64, window_rows=32, cost_model="qwen2.5-vl-7b"
+    )

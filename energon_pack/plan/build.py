@@ -280,14 +280,14 @@ class FactSample:
 def iter_fact_samples(path: str | Path, encoder: Any, facts: Facts, tokens: TextTokens, *, split: str = "train") -> Iterator[FactSample]:
     """Every sample of ``split`` as preencode would measure it, from facts (no tar read);
     ``encoder``: a task encoder or a ``TokenAccounting``. A Qwen-Omni encoder counts each sample's
-    sounds from their recorded lengths (``TokenAccounting.sound_tokens``) and, as preencode, never
-    shrinks its samples."""
+    sounds from their recorded lengths (``TokenAccounting.sound_tokens``); shrinking it, as
+    preencode, keeps its sounds whole and the frames of videos heard with their sound."""
     accounting = accounting_of(encoder)
     vision, expansion, fits = accounting.vision, accounting.expansion, accounting.fits_row
     hears = accounting.sound is not None
     if hears:
         _check_sound_facts(facts, accounting.sound.spec)
-    shrink = accounting.config.policy.on_overlong == "shrink" and not hears
+    shrink = accounting.config.policy.on_overlong == "shrink"
     text_tokens, columns = tokens.columns["text_tokens"], facts.columns
     for index, row in enumerate(split_fact_rows(path, split, facts).tolist()):
         reason, images, videos = facts.sample_infos(row)
@@ -306,10 +306,12 @@ def iter_fact_samples(path: str | Path, encoder: Any, facts: Facts, tokens: Text
             count = text + expansion(geometry, sound)
             if shrink and not fits(count, geometry):
                 # As QwenChatEncoder._shrink_limits: only the placeholder expansions change with the limits.
-                limits = shrink_limits(images, videos, vision, fits=lambda candidate: fits(text + expansion(candidate), candidate))
+                heard = sound is not None and any(tokens is not None for tokens in sound.videos)
+                limits = shrink_limits(images, videos, vision, lower_frames=not heard,
+                                       fits=lambda candidate: fits(text + expansion(candidate, sound), candidate))
                 if limits is not None:
                     geometry = media_geometry(images, videos, limits.apply(vision))
-                    count = text + expansion(geometry)
+                    count = text + expansion(geometry, sound)
         yield FactSample(
             index=index, reason=reason, tokens=count, geometry=geometry, images=int(columns["images"][row]),
             videos=int(columns["videos"][row]), media_bytes=int(columns["media_bytes"][row]),

@@ -130,6 +130,14 @@ class OmniHearing:
         """LLM tokens of each sound of one sample (``SoundCount.tokens``)."""
         return self.counting.tokens(samples)
 
+    def frames(self, samples: Sequence[int]) -> int:
+        """Log-mel frames of one sample's sounds together (``samples``: model-rate samples of each):
+        what its ``AudioInputs`` holds, ``row_cost["audio_frames"]`` of the sample alone.
+        The clips are padded together as the processor pads them (``AudioSpec.padded_length``).
+        Example: 16000 and 8000 samples at hop 160 -> 150."""
+        padded = self.spec.padded_length(samples)
+        return sum(self.spec.feature_frames(n, padded) for n in samples)
+
 
 def sound_count_of(processor: Any, *, max_audio_seconds: float | None = None, trim: bool = True) -> SoundCount:
     """The ``SoundCount`` of a Qwen-Omni processor (its ``AudioSpec``, token rule and videos'
@@ -141,14 +149,6 @@ def sound_count_of(processor: Any, *, max_audio_seconds: float | None = None, tr
     return SoundCount.of(
         AudioSpec.from_processor(processor), rope.n_window, seconds, max_audio_seconds=max_audio_seconds, trim=trim
     )
-
-    def frames(self, samples: Sequence[int]) -> int:
-        """Log-mel frames of one sample's sounds together (``samples``: model-rate samples of each):
-        what its ``AudioInputs`` holds, ``row_cost["audio_frames"]`` of the sample alone.
-        The clips are padded together as the processor pads them (``AudioSpec.padded_length``).
-        Example: 16000 and 8000 samples at hop 160 -> 150."""
-        padded = self.spec.padded_length(samples)
-        return sum(self.spec.feature_frames(n, padded) for n in samples)
 
 
 @dataclass(frozen=True)

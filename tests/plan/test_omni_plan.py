@@ -50,7 +50,7 @@ def prepared(request, records, tmp_path_factory):
 @pytest.mark.parametrize(
     "overrides",
     [dict(seq_length=4096), dict(seq_length=4096, max_audio_seconds=1.0, on_overlong_audio="skip"),
-     dict(seq_length=4096, max_audio_seconds=1.0), dict(seq_length=64)],
+     dict(seq_length=4096, max_audio_seconds=1.0), dict(seq_length=64), dict(seq_length=40, on_overlong="shrink")],
 )
 def test_omni_counts_from_facts_are_the_online_counts(prepared, overrides):
     dataset, _, processor = prepared

@@ -22,7 +22,7 @@ from energon_pack.qwen.audio import AudioSpec, audio_features, decode_audio, pro
 from energon_pack.qwen.family import OMNI_FAMILIES, processor_family
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
-from energon_pack.qwen.media import BadMediaError, ImageInfo, VideoInfo, probe_frame_list, probe_image, probe_video
+from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_frame_list, probe_image, probe_video
 from energon_pack.qwen.omni_rope import OmniMedia, OmniRopeSpec, omni_position_ids
 from energon_pack.qwen.pixels import ImagePatcher, PixelSlots, VideoPatcher, image_pixels, video_pixels
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids

@@ -23,14 +23,21 @@ from energon_pack.formats.qwen_chat import chat_fields_from_parts
 from energon_pack.errors import BadSampleError
 from energon_pack.identity import processor_fingerprint
 from energon_pack.plan.facts import FACTS_FORMAT, TOKENS_FORMAT, Facts, TextTokens, shard_table
-from energon_pack.qwen.media import probe_image, probe_video
+from energon_pack.qwen.audio import AudioSpec, probe_audio
+from energon_pack.qwen.media import BadMediaError, probe_image, probe_video
 
 __all__ = ["FactsRecorder", "SampleFacts", "image_orientation", "video_orientation"]
 
 #: One sample's facts: ``[skip reason, media rows, text tokens, text skip reason, [images, videos,
-#: media bytes]]``; a media row is ``[kind (0 image, 1 video), width, height, orientation, frames,
-#: codec, format, mode, fps]`` ("" for a string that does not apply). JSON round-trips it exactly.
+#: media bytes, audios, use_audio_in_video]]``; a media row is ``[kind (0 image, 1 video, 2 audio),
+#: width, height, orientation, frames, codec, format, mode, fps, sound samples, sound from header]``
+#: ("" for a string that does not apply; sound samples: an audio's, or a heard video's sound
+#: track's, model-rate samples as ``qwen.audio.probe_audio`` counts them, else -1; facts of an
+#: older prepare lack the sound fields). JSON round-trips it exactly.
 SampleFacts = list[Any]
+#: The rate and the most samples sound lengths are counted at (``qwen.audio.AudioSpec``'s defaults:
+#: the released Qwen-Omni processors' 16 kHz and 300 s; a longer sound is only known to be longer).
+_SOUND_SPEC = AudioSpec()
 
 _ROTATION_TO_EXIF = {0: 1, 90: 6, 180: 3, 270: 8}
 
@@ -64,21 +71,38 @@ def video_orientation(data: bytes) -> int:
     return 1
 
 
+def _sound(data: bytes) -> tuple[str, int, int]:
+    """``(codec, model-rate samples, 1 when the header gave them, else 0: counted by decoding)`` of
+    one audio file or video sound track (``probe_audio``, counted up to ``_SOUND_SPEC.max_samples``);
+    ``("", -1, 0)`` when it cannot be probed (the processor's text tokens then record the sample's
+    skip reason). Example: a 1 s 16 kHz WAV -> ``("pcm_s16le", 16000, 1)``."""
+    try:
+        info = probe_audio(data, _SOUND_SPEC, count_up_to=_SOUND_SPEC.max_samples)
+    except BadMediaError:
+        return "", -1, 0
+    return info.codec, info.samples, int(info.exact_from_header)
+
+
 def _probe(fields: dict[str, Any]) -> tuple[str | None, list[list[Any]]]:
     """``(skip reason, media rows)`` of one sample's loader fields (rows as in ``SampleFacts``)."""
     if fields["invalid_reason"] is not None:
         return fields["invalid_reason"], []
+    heard = bool(fields.get("use_audio_in_video"))
     try:
         media = []
         for data in fields["images"]:
             info = probe_image(data)
-            media.append([0, info.width, info.height, image_orientation(data), 0, "", info.format, info.mode, 0.0])
+            media.append([0, info.width, info.height, image_orientation(data), 0, "", info.format, info.mode, 0.0, -1, 0])
         for data in fields["videos"]:
             info = probe_video(data)
+            _, samples, from_header = _sound(data) if heard and info.has_audio else ("", -1, 0)
             media.append([1, info.width, info.height, video_orientation(data), info.num_frames, info.codec, "", "",
-                          float(info.fps)])
+                          float(info.fps), samples, from_header])
     except BadSampleError as err:
         return err.reason, []
+    for data in fields.get("audios", []):
+        codec, samples, from_header = _sound(data)
+        media.append([2, 0, 0, 1, 0, codec, "", "", 0.0, samples, from_header])
     return None, media
 
 
@@ -109,7 +133,8 @@ class FactsRecorder:
         text, text_reason = 0, None
         if self._chat is not None and reason is None:
             text, text_reason = self._text_tokens(fields)
-        sizes = [len(fields["images"]), len(fields["videos"]), sum(map(len, fields["images"] + fields["videos"]))]
+        sizes = [len(fields["images"]), len(fields["videos"]), sum(map(len, fields["images"] + fields["videos"])),
+                 len(fields.get("audios", [])), int(bool(fields.get("use_audio_in_video")))]
         return [reason, media, text, text_reason, sizes]
 
     def check_renders(self, record: Any) -> None:
@@ -134,6 +159,7 @@ class FactsRecorder:
             prepared = self._chat.prepare(
                 fields["conversation"], fields["images"], fields["videos"],
                 tools=fields.get("tools"), chat_template_kwargs=fields.get("chat_template_kwargs"),
+                audios=fields.get("audios", ()), use_audio_in_video=bool(fields.get("use_audio_in_video")),
             )
         except BadSampleError as err:
             return 0, err.reason
@@ -142,6 +168,7 @@ class FactsRecorder:
             image_grid_thw=None if prepared.image_grid_thw is None else prepared.image_grid_thw.numpy(),
             video_grid_thw=None if prepared.video_grid_thw is None else prepared.video_grid_thw.numpy(),
             videos=prepared.video_timings or [],
+            sound=self._chat.sound_tokens(prepared),
         )
         return len(prepared.input_ids) - expansion, None
 
@@ -163,14 +190,15 @@ class FactsRecorder:
                 values.append(value)
             return values.index(value)
 
-        offsets, media_rows, fps = [0], [], []
+        offsets, media_rows, fps, sound_rows = [0], [], [], []
         for _, media, *_ in per_sample:
-            for kind, width, height, orientation, frames, codec, image_format, mode, rate in media:
+            for kind, width, height, orientation, frames, codec, image_format, mode, rate, *sound in media:
                 if kind == 0:
                     media_rows.append((0, width, height, orientation, 0, 0, code("formats", image_format), code("modes", mode)))
                 else:
-                    media_rows.append((1, width, height, orientation, frames, code("codecs", codec), 0, 0))
+                    media_rows.append((kind, width, height, orientation, frames, code("codecs", codec), 0, 0))
                 fps.append(rate)
+                sound_rows.append(sound or [-1, 0])
             offsets.append(len(media_rows))
         rows = np.array(media_rows, dtype=np.int64).reshape(-1, 8)
         columns = {
@@ -186,7 +214,18 @@ class FactsRecorder:
              ("frames", np.int32), ("codec", np.int16), ("format", np.int16), ("mode", np.int16))
         ):
             columns[name] = rows[:, position].astype(dtype)
-        facts = Facts(meta={"format": FACTS_FORMAT, "shards": shards, "skip_reasons": reasons, **tables}, columns=columns)
+        sound_meta = {}
+        hearing = [sizes[3:5] if len(sizes) > 3 else [0, 0] for *_, sizes in per_sample]
+        if any(audios or heard for audios, heard in hearing):  # facts without sound keep the columns they always had
+            sounds = np.array(sound_rows, dtype=np.int64).reshape(-1, 2)
+            columns.update(
+                audios=np.array([audios for audios, _ in hearing], dtype=np.int16),
+                use_audio_in_video=np.array([heard for _, heard in hearing], dtype=np.uint8),
+                sound_samples=sounds[:, 0], sound_from_header=sounds[:, 1].astype(np.uint8),
+            )
+            sound_meta = {"sound": {"sampling_rate": _SOUND_SPEC.sampling_rate, "counted_up_to": _SOUND_SPEC.max_samples}}
+        facts = Facts(meta={"format": FACTS_FORMAT, "shards": shards, "skip_reasons": reasons, **tables, **sound_meta},
+                      columns=columns)
         facts.save(folder)
         if self.fingerprint is not None:
             TextTokens(

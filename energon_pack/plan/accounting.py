@@ -6,6 +6,11 @@ row budgets and the cost model, and the plan's fingerprint takes the encoder's i
 ``TokenAccounting`` holds just these, either from a loaded task encoder (``of_encoder``) or from
 a processor card (``of_card``, ``qwen.card``), which needs neither torch nor the processor
 unless a video's expansion needs the tokenizer (then the processor is loaded once, lazily).
+
+Qwen-Omni encoders also count their samples' sounds (``sound``, a ``qwen.sound_count.SoundCount``
+at the row layout's ``max_audio_seconds`` / ``on_overlong_audio``): from the recorded sound lengths,
+the same length check, frames and token rule as the online path, then the audio placeholders'
+and heard videos' expansion (``placeholder_token_count(..., sound=...)``).
 """
 
 from __future__ import annotations
@@ -24,27 +29,30 @@ from energon_pack.packing.budget import fits_one_row, row_budget
 from energon_pack.plan.facts import Facts, TextTokens, fresh_facts
 from energon_pack.qwen.fit import MediaGeometry
 from energon_pack.qwen.geometry import VisionSpec
-from energon_pack.qwen.template import placeholder_token_count
+from energon_pack.qwen.sound_count import SoundCount
+from energon_pack.qwen.template import SoundTokens, placeholder_token_count
 from energon_pack.rows.flops import CostModel, grid_rows
 
 __all__ = ["CardFacts", "TokenAccounting", "card_facts", "expansion_counter"]
 
 
-def expansion_counter(processor: Any) -> Callable[[MediaGeometry], int]:
-    """``placeholder_token_count`` of a geometry, memoised per (grids, timings): one tokenizer
-    call per distinct medium shape."""
+def expansion_counter(processor: Any) -> Callable[[MediaGeometry, SoundTokens | None], int]:
+    """``placeholder_token_count`` of a geometry (and, Qwen-Omni, its sound tokens), memoised per
+    (grids, timings, sound): one tokenizer call per distinct medium shape."""
 
     @lru_cache(maxsize=1 << 16)
-    def count(image_grids: tuple, video_grids: tuple, timings: tuple) -> int:
+    def count(image_grids: tuple, video_grids: tuple, timings: tuple, sound: SoundTokens | None) -> int:
         return placeholder_token_count(
             processor,
             image_grid_thw=np.array(image_grids, dtype=np.int64).reshape(-1, 3) if image_grids else None,
             video_grid_thw=np.array(video_grids, dtype=np.int64).reshape(-1, 3) if video_grids else None,
             videos=list(timings),
+            sound=sound,
         )
 
-    def expansion(geometry: MediaGeometry) -> int:
-        return count(tuple(grid_rows(geometry.image_grid_thw)), tuple(grid_rows(geometry.video_grid_thw)), tuple(geometry.timings))
+    def expansion(geometry: MediaGeometry, sound: SoundTokens | None = None) -> int:
+        grids = (tuple(grid_rows(geometry.image_grid_thw)), tuple(grid_rows(geometry.video_grid_thw)))
+        return count(*grids, tuple(geometry.timings), sound)
 
     return expansion
 
@@ -54,15 +62,17 @@ class TokenAccounting:
     """Token accounting of one encoder for samples measured from facts.
 
     ``processor_fingerprint`` / ``vision`` / ``rope`` (``repr`` of the ``RopeSpec``): the
-    encoder's identity parts; ``count``: placeholder tokens of a geometry, or None where it
-    cannot tell (then ``load`` gives the processor, whose count is used from then on).
+    encoder's identity parts; ``count``: placeholder tokens of a geometry and its sound tokens,
+    or None where it cannot tell (then ``load`` gives the processor, whose count is used from
+    then on); ``sound``: a Qwen-Omni encoder's sound accounting (None: it hears nothing).
     """
 
     config: PackingConfig
     processor_fingerprint: dict[str, Any]
     vision: VisionSpec
     rope: str
-    count: Callable[[MediaGeometry], int | None]
+    count: Callable[[MediaGeometry, SoundTokens | None], int | None]
+    sound: SoundCount | None = None
     cost_model: CostModel | None = None
     load: Callable[[], Any] | None = None
     #: Whether ``load`` was called (the processor was needed after all).
@@ -72,9 +82,11 @@ class TokenAccounting:
     @classmethod
     def of_encoder(cls, encoder: Any) -> TokenAccounting:
         """The accounting of a loaded ``QwenVLPackingTaskEncoder`` (its processor counts)."""
+        hearing = encoder.chat.hearing
         return cls(
             config=encoder.config, processor_fingerprint=processor_fingerprint(encoder.processor), vision=encoder.vision,
             rope=repr(encoder.rope_spec), count=expansion_counter(encoder.processor), cost_model=encoder.cost_model,
+            sound=None if hearing is None else hearing.counting,
         )
 
     @classmethod
@@ -83,9 +95,13 @@ class TokenAccounting:
         ``load`` builds that processor if an expansion needs it."""
         policy = config.policy
         cost_model = None if policy.cost_model is None else CostModel.of(policy.cost_model, frozen_vision=policy.frozen_vision)
+        sound = None if card.sound is None else SoundCount.of(
+            card.sound.spec, card.sound.n_window, card.sound.video_second_per_grid,
+            max_audio_seconds=config.row.max_audio_seconds, trim=config.row.on_overlong_audio == "trim",
+        )
         return cls(
             config=config, processor_fingerprint=card.fingerprint, vision=card.vision, rope=card.rope,
-            count=card.expansion, cost_model=cost_model, load=load,
+            count=card.expansion, cost_model=cost_model, load=load, sound=sound,
         )
 
     @property
@@ -98,9 +114,9 @@ class TokenAccounting:
         """``identity.encoder_fingerprint`` of the encoder accounted for."""
         return encoder_fingerprint_of(self.processor_fingerprint, self.vision, self.rope)
 
-    def expansion(self, geometry: MediaGeometry) -> int:
-        """Tokens the placeholders of ``geometry`` expand to (``placeholder_token_count``)."""
-        found = self.count(geometry) if self._processor_count is None else None
+    def expansion(self, geometry: MediaGeometry, sound: SoundTokens | None = None) -> int:
+        """Tokens the placeholders of ``geometry`` (and of ``sound``) expand to (``placeholder_token_count``)."""
+        found = self.count(geometry, sound) if self._processor_count is None else None
         if found is not None:
             return found
         if self._processor_count is None:
@@ -111,7 +127,21 @@ class TokenAccounting:
                     f"{self.processor_fingerprint}; fix: delete the stale card in the processor_cards cache folder"
                 )
             self._processor_count, self.loaded = expansion_counter(processor), True
-        return self._processor_count(geometry)
+        return self._processor_count(geometry, sound)
+
+    def sound_tokens(self, audios: list[int], videos: list[int | None]) -> SoundTokens | None:
+        """The sound tokens of a sample whose audios and heard videos' sound tracks have these
+        lengths (``Facts.sample_sounds``; model-rate samples), None for an encoder that hears
+        nothing; ``BadMediaError`` with the online path's reason (``audio_too_long``, ``empty_audio``)
+        for a sample it skips. Example (Qwen2.5-Omni): ``([16000], [None])`` -> ``SoundTokens((25,), (None,), (1.0,))``."""
+        if self.sound is None:
+            return None
+        if -1 in audios or -1 in videos:
+            raise ValueError(
+                "the facts record no length for a sound the processor heard (-1 in sound_samples); "
+                "fix: prepare the dataset again (or plan with --measure)"
+            )
+        return self.sound.sound_tokens(audios, videos)
 
     def fits_row(self, num_tokens: int, geometry: MediaGeometry) -> bool:
         """Whether the sample fits one row (``packing.budget.fits_one_row``)."""

@@ -55,6 +55,7 @@ from energon_pack.plan.blend import (
 )
 from energon_pack.plan.metadataset import blend_leaves, is_metadataset, leaf_name, planned_leaves
 from energon_pack.qwen.fit import media_geometry, shrink_limits
+from energon_pack.qwen.media import BadMediaError
 from energon_pack.rows.flops import CostModel, grid_rows
 
 __all__ = [
@@ -278,28 +279,55 @@ class FactSample:
 
 def iter_fact_samples(path: str | Path, encoder: Any, facts: Facts, tokens: TextTokens, *, split: str = "train") -> Iterator[FactSample]:
     """Every sample of ``split`` as preencode would measure it, from facts (no tar read);
-    ``encoder``: a task encoder or a ``TokenAccounting``."""
+    ``encoder``: a task encoder or a ``TokenAccounting``. A Qwen-Omni encoder counts each sample's
+    sounds from their recorded lengths (``TokenAccounting.sound_tokens``); shrinking it, as
+    preencode, keeps its sounds whole and the frames of videos heard with their sound."""
     accounting = accounting_of(encoder)
     vision, expansion, fits = accounting.vision, accounting.expansion, accounting.fits_row
+    hears = accounting.sound is not None
+    if hears:
+        _check_sound_facts(facts, accounting.sound.spec)
     shrink = accounting.config.policy.on_overlong == "shrink"
     text_tokens, columns = tokens.columns["text_tokens"], facts.columns
     for index, row in enumerate(split_fact_rows(path, split, facts).tolist()):
         reason, images, videos = facts.sample_infos(row)
         reason = reason or tokens.skip_reason(row)
-        geometry, count = None, 0
+        geometry, count, sound = None, 0, None
+        # Recorded at the model's cap with trim, a sound without a token stays without one under any cap;
+        # only the order of the checks (length first) can name another reason.
+        if reason is None or (hears and reason == "empty_audio"):
+            try:
+                sound = accounting.sound_tokens(*facts.sample_sounds(row))
+            except BadMediaError as err:
+                reason = err.reason
         if reason is None:
             text = int(text_tokens[row])
             geometry = media_geometry(images, videos, vision)
-            count = text + expansion(geometry)
+            count = text + expansion(geometry, sound)
             if shrink and not fits(count, geometry):
                 # As QwenChatEncoder._shrink_limits: only the placeholder expansions change with the limits.
-                limits = shrink_limits(images, videos, vision, fits=lambda candidate: fits(text + expansion(candidate), candidate))
+                heard = sound is not None and any(tokens is not None for tokens in sound.videos)
+                limits = shrink_limits(images, videos, vision, lower_frames=not heard,
+                                       fits=lambda candidate: fits(text + expansion(candidate, sound), candidate))
                 if limits is not None:
                     geometry = media_geometry(images, videos, limits.apply(vision))
-                    count = text + expansion(geometry)
+                    count = text + expansion(geometry, sound)
         yield FactSample(
             index=index, reason=reason, tokens=count, geometry=geometry, images=int(columns["images"][row]),
             videos=int(columns["videos"][row]), media_bytes=int(columns["media_bytes"][row]),
+        )
+
+
+def _check_sound_facts(facts: Facts, spec: Any) -> None:
+    """ValueError unless the facts' sound lengths were counted at ``spec``'s rate and at least up
+    to its cap (``spec``: the encoder's ``AudioSpec``), so that its counts from them are exact."""
+    recorded = facts.meta.get("sound")
+    if recorded is None:
+        return
+    if recorded["sampling_rate"] != spec.sampling_rate or recorded["counted_up_to"] < spec.max_samples:
+        raise ValueError(
+            f"the facts count sounds at {recorded['sampling_rate']} Hz up to {recorded['counted_up_to']} samples, the "
+            f"processor reads {spec.sampling_rate} Hz up to {spec.max_samples}; fix: plan with --measure"
         )
 
 

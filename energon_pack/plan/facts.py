@@ -12,7 +12,14 @@ member carries the format version), described in docs/on_disk_format.md:
   ``orientation`` uint8 (1-8; videos: display rotation as 1/6/3/8), ``frames`` int32
   (``probe_video``'s count), ``fps`` float64, ``codec`` / ``format`` / ``mode`` int16 (positions
   in ``meta.codecs`` / ``formats`` / ``modes``). ``meta.shards``: ``[[name, samples, bytes,
-  keys_crc32], ...]``, checked against the dataset before use (not mtime).
+  keys_crc32], ...]``, checked against the dataset before use (not mtime). Datasets with sound
+  (Qwen-Omni: a sample with audios or ``use_audio_in_video``) add, per sample, ``audios`` int16
+  and ``use_audio_in_video`` uint8; per medium (audios are ``kind`` 2, after the sample's images
+  and videos, in placeholder order, their decoder in ``codec``) ``sound_samples`` int64 (an
+  audio's model-rate samples, a heard video's sound track's; -1: none or not probed) and
+  ``sound_from_header`` uint8 (1: the header's exact count, 0: counted by decoding); and
+  ``meta.sound``: ``{"sampling_rate": 16000, "counted_up_to": 4800000}`` (a longer sound is only
+  known to be longer). Facts without these (no sound, or an older prepare) read as no sound.
 * ``energon_pack.tokens-<16 hex>.npz`` (``energon_pack.text_tokens/1``), one per processor
   (hex: SHA-256 of ``identity.processor_fingerprint``): per sample ``text_tokens`` int32 (the
   chat's tokens less its media placeholders' expansion) and ``skip`` int16 (reasons this
@@ -200,8 +207,29 @@ class Facts:
         recorded = {row[0]: row for row in self.meta["shards"]}
         return [row[0] for row in shard_table(dataset) if recorded.get(row[0]) != row]
 
+    @property
+    def has_sound(self) -> bool:
+        """Whether these facts record sounds (a dataset with audio, prepared by this release)."""
+        return "sound_samples" in self.columns
+
+    def sample_sounds(self, row: int) -> tuple[list[int], list[int | None]]:
+        """``(samples of each audio, per video its sound track's samples when the sample hears its
+        videos, else None)`` of good fact row ``row``, model-rate samples as ``meta.sound`` counts
+        them; -1 where no count was recorded. Facts without sound: ``([], [None] * videos)``.
+
+        Example: one 1 s clip and one video not heard -> ``([16000], [None])``.
+        """
+        c = self.columns
+        kinds = c["kind"][int(c["media_offsets"][row]) : int(c["media_offsets"][row + 1])]
+        if not self.has_sound:
+            return [], [None] * int((kinds == 1).sum())
+        samples = c["sound_samples"][int(c["media_offsets"][row]) : int(c["media_offsets"][row + 1])].tolist()
+        heard = bool(c["use_audio_in_video"][row])
+        audios = [n for kind, n in zip(kinds.tolist(), samples) if kind == 2]
+        return audios, [n if heard else None for kind, n in zip(kinds.tolist(), samples) if kind == 1]
+
     def sample_infos(self, row: int) -> tuple[str | None, list[ImageInfo], list[VideoInfo]]:
-        """``(skip reason or None, image infos, video infos)`` of fact row ``row``."""
+        """``(skip reason or None, image infos, video infos)`` of fact row ``row`` (its audios: `sample_sounds`)."""
         c, meta = self.columns, self.meta
         skip = int(c["skip"][row])
         if skip:
@@ -211,7 +239,7 @@ class Facts:
             width, height = int(c["width"][m]), int(c["height"][m])
             if c["kind"][m] == 0:
                 images.append(ImageInfo(width=width, height=height, format=meta["formats"][c["format"][m]], mode=meta["modes"][c["mode"][m]]))
-            else:
+            elif c["kind"][m] == 1:
                 videos.append(VideoInfo(num_frames=int(c["frames"][m]), fps=float(c["fps"][m]), width=width, height=height,
                                         codec=meta["codecs"][c["codec"][m]]))
         return None, images, videos

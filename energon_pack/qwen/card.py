@@ -24,6 +24,13 @@ have t = 1, so the card stores that count. Videos: for Qwen2/2.5-VL the replacem
 tokens whatever the frame timing, so the card stores the count per step (checked on a few
 lengths and timings); Qwen3-VL and Qwen3.5 write each step's timestamp, which only the
 tokenizer can count, so their cards store None and videos need the processor.
+
+Qwen-Omni processors (``qwen2.5-omni``, ``qwen3-omni``): the card also holds the processor's sound
+accounting (``qwen.sound_count.SoundCount``: audio spec, token rule, videos' seconds per grid
+step) and what the placeholders add beyond the sound's own tokens: per audio placeholder
+(``audio_extra_tokens``, 0: an audio of n tokens expands to n pads) and per video heard with its
+sound (``heard_video_extra_tokens``, 2: the audio span markers around the interleaved tokens),
+both counted with the processor's own replacements when the card is made.
 """
 
 from __future__ import annotations
@@ -39,8 +46,10 @@ from typing import Any
 import numpy as np
 
 from energon_pack.core.cache import cache_dir
-from energon_pack.qwen.family import vision_rules
+from energon_pack.qwen.family import OMNI_FAMILIES, processor_family, vision_rules
 from energon_pack.qwen.geometry import VisionSpec
+from energon_pack.qwen.sound_count import SoundCount
+from energon_pack.qwen.template import SoundTokens
 
 __all__ = ["CARD_FORMAT", "ProcessorCard", "file_card", "file_processor_card", "processor_key"]
 
@@ -123,6 +132,9 @@ class ProcessorCard:
     rope: str
     image_tokens: int
     video_step_tokens: int | None
+    sound: SoundCount | None = None
+    audio_extra_tokens: int = 0
+    heard_video_extra_tokens: int = 0
 
     @classmethod
     def of_processor(cls, processor: Any, key: str, *, rope: Any = None) -> ProcessorCard:
@@ -153,14 +165,20 @@ class ProcessorCard:
             rope=repr(rope or RopeSpec.from_processor(processor)),
             image_tokens=int(image_tokens),
             video_step_tokens=step,
+            **_sound_fields(processor, vision),
         )
 
-    def expansion(self, geometry: Any) -> int | None:
-        """Tokens the placeholders of a ``qwen.fit.MediaGeometry`` expand to, as
-        ``placeholder_token_count`` counts them; None when it has videos and the card no video count
-        (or an image of more than one temporal step, which ``qwen.geometry.image_grid`` never gives)."""
+    def expansion(self, geometry: Any, sound: SoundTokens | None = None) -> int | None:
+        """Tokens the placeholders of a ``qwen.fit.MediaGeometry`` (and, Qwen-Omni, of its
+        ``sound``) expand to, as ``placeholder_token_count`` counts them; None when it has videos
+        and the card no video count (or an image of more than one temporal step, which
+        ``qwen.geometry.image_grid`` never gives)."""
         merged = self.vision.merge_size**2
         total = 0
+        if sound is not None:
+            heard = [tokens for tokens in sound.videos if tokens is not None]
+            total += sum(sound.audios) + len(sound.audios) * self.audio_extra_tokens
+            total += sum(heard) + len(heard) * self.heard_video_extra_tokens
         if geometry.image_grid_thw is not None:
             grids = np.asarray(geometry.image_grid_thw, dtype=np.int64)
             if (grids[:, 0] != 1).any():
@@ -176,7 +194,10 @@ class ProcessorCard:
     def to_json(self) -> str:
         return json.dumps(
             {"format": CARD_FORMAT, "key": self.key, "fingerprint": self.fingerprint, "vision": vars(self.vision),
-             "rope": self.rope, "image_tokens": self.image_tokens, "video_step_tokens": self.video_step_tokens},
+             "rope": self.rope, "image_tokens": self.image_tokens, "video_step_tokens": self.video_step_tokens,
+             **({} if self.sound is None else {
+                 "sound": self.sound.to_dict(), "audio_extra_tokens": self.audio_extra_tokens,
+                 "heard_video_extra_tokens": self.heard_video_extra_tokens})},
             sort_keys=True,
         )
 
@@ -200,9 +221,34 @@ class ProcessorCard:
                 key=key, fingerprint=dict(data["fingerprint"]), vision=VisionSpec(**data["vision"]), rope=str(data["rope"]),
                 image_tokens=int(data["image_tokens"]),
                 video_step_tokens=None if data["video_step_tokens"] is None else int(data["video_step_tokens"]),
+                sound=None if data.get("sound") is None else SoundCount.of_dict(data["sound"]),
+                audio_extra_tokens=int(data.get("audio_extra_tokens", 0)),
+                heard_video_extra_tokens=int(data.get("heard_video_extra_tokens", 0)),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+
+def _sound_fields(processor: Any, vision: VisionSpec) -> dict[str, Any]:
+    """The card's sound fields of a Qwen-Omni processor ({} for others): its ``SoundCount`` and the
+    tokens an audio placeholder and a heard video add beyond the sound's (and the video's) own,
+    counted with ``placeholder_token_count`` on probes (a 7-token audio; a 3-step video heard with
+    a 5-token sound)."""
+    from energon_pack.qwen.encode import sound_count_of
+    from energon_pack.qwen.template import VideoTiming, placeholder_token_count
+
+    if processor_family(processor) not in OMNI_FAMILIES:
+        return {}
+    counting = sound_count_of(processor)
+    merge = vision.merge_size
+    seconds = (counting.video_second_per_grid,)
+    audio = placeholder_token_count(processor, image_grid_thw=None, video_grid_thw=None, sound=SoundTokens(audios=(7,)))
+    heard = placeholder_token_count(
+        processor, image_grid_thw=None, video_grid_thw=np.array([[3, merge, merge]]),
+        videos=[VideoTiming(total_frames=12, fps=2.0, frame_indices=tuple(range(0, 12, 2)))],
+        sound=SoundTokens(videos=(5,), video_second_per_grid=seconds),
+    )
+    return {"sound": counting, "audio_extra_tokens": audio - 7, "heard_video_extra_tokens": heard - 3 - 5}
 
 
 def file_processor_card(path: str | os.PathLike[str] | None, processor: Any, *, rope: Any = None) -> Path | None:

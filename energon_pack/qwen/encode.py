@@ -13,7 +13,7 @@ the results into its sample types.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,10 +22,11 @@ from energon_pack.qwen.audio import AudioSpec, audio_features, decode_audio, pro
 from energon_pack.qwen.family import OMNI_FAMILIES, processor_family
 from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, shrink_limits
 from energon_pack.qwen.geometry import VisionSpec
-from energon_pack.qwen.media import BadMediaError, ImageInfo, VideoInfo, probe_frame_list, probe_image, probe_video
+from energon_pack.qwen.media import ImageInfo, VideoInfo, probe_frame_list, probe_image, probe_video
 from energon_pack.qwen.omni_rope import OmniMedia, OmniRopeSpec, omni_position_ids
 from energon_pack.qwen.pixels import ImagePatcher, PixelSlots, VideoPatcher, image_pixels, video_pixels
 from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
+from energon_pack.qwen.sound_count import OMNI_VIDEO_FPS, SoundCount
 from energon_pack.qwen.template import (
     ChatMarkers,
     SoundTokens,
@@ -95,20 +96,14 @@ class EncodedChat:
     audio: AudioInputs | None = None
 
 
-#: Frames per second each Omni processor takes for a video's seconds per grid step
-#: (``temporal_patch_size / fps``) when no ``fps`` is passed to it: ``Qwen2_5OmniProcessor``'s
-#: hard-coded 2.0, ``Qwen3OmniMoeProcessor``'s 1.0 (whatever rate the frames were sampled at).
-OMNI_VIDEO_FPS = {"qwen2.5-omni": 2.0, "qwen3-omni": 1.0}
-
-
 @dataclass(frozen=True)
 class OmniHearing:
-    """What a Qwen-Omni processor hears with: its feature extractor, the audio spec (capped at
-    ``max_audio_seconds``), whether a longer audio is trimmed (else skipped) and the rope constants."""
+    """What a Qwen-Omni processor hears with: its feature extractor, its sound accounting
+    (``qwen.sound_count.SoundCount``: the audio spec capped at ``max_audio_seconds``, trim or skip
+    a longer audio, the token rule) and the rope constants."""
 
     extractor: Any
-    spec: AudioSpec
-    trim: bool
+    counting: SoundCount
     rope: OmniRopeSpec
 
     @classmethod
@@ -116,43 +111,24 @@ class OmniHearing:
         """None for a processor of a family that hears nothing (Qwen-VL)."""
         if processor_family(processor) not in OMNI_FAMILIES:
             return None
-        spec = AudioSpec.from_processor(processor)
-        if max_audio_seconds is not None:
-            cap = int(max_audio_seconds * spec.sampling_rate)
-            if not 0 < cap <= spec.max_samples:
-                raise ValueError(
-                    f"max_audio_seconds={max_audio_seconds} must be in (0, {spec.max_seconds:g}]: the model reads at most "
-                    f"{spec.max_seconds:g} s of an audio (its feature extractor's n_samples); fix: lower it"
-                )
-            spec = replace(spec, max_samples=cap)
-        return cls(extractor=processor.feature_extractor, spec=spec, trim=trim, rope=OmniRopeSpec.from_processor(processor))
+        return cls(
+            extractor=processor.feature_extractor, counting=sound_count_of(processor, max_audio_seconds=max_audio_seconds, trim=trim),
+            rope=OmniRopeSpec.from_processor(processor),
+        )
+
+    @property
+    def spec(self) -> AudioSpec:
+        """The audio spec (capped at ``max_audio_seconds``)."""
+        return self.counting.spec
 
     def samples(self, data: bytes) -> int:
         """Model-rate samples of one audio file or video sound track; over the cap: skipped
         (``audio_too_long``) unless trimmed."""
-        samples = probe_audio(data, self.spec, count_up_to=self.spec.max_samples).samples
-        if samples > self.spec.max_samples and not self.trim:
-            raise BadMediaError(
-                "audio_too_long",
-                f"audio of {samples / self.spec.sampling_rate:.1f} s is over max_audio_seconds={self.spec.max_seconds:g}; "
-                "fix: cut the clip, raise max_audio_seconds, or set on_overlong_audio='trim' to keep its start",
-            )
-        return samples
+        return self.counting.check_length(probe_audio(data, self.spec, count_up_to=self.spec.max_samples).samples)
 
     def tokens(self, samples: Sequence[int]) -> list[int]:
-        """LLM tokens of each sound of one sample (``samples``: model-rate samples of each, uncapped;
-        the frames of one depend on what the processor pads the sample's clips to). A sound without
-        a token is skipped (``empty_audio``)."""
-        padded = self.spec.padded_length(samples)
-        tokens = [self.rope.audio_tokens(self.spec.feature_frames(n, padded)) for n in samples]
-        for n, count in zip(samples, tokens):
-            if count == 0:
-                raise BadMediaError(
-                    "empty_audio",
-                    f"audio of {n} samples ({n / self.spec.sampling_rate * 1000:.0f} ms) gives the model no token "
-                    f"(too few feature frames of {self.spec.hop_length} samples); fix: drop the clip",
-                )
-        return tokens
+        """LLM tokens of each sound of one sample (``SoundCount.tokens``)."""
+        return self.counting.tokens(samples)
 
     def frames(self, samples: Sequence[int]) -> int:
         """Log-mel frames of one sample's sounds together (``samples``: model-rate samples of each):
@@ -161,6 +137,18 @@ class OmniHearing:
         Example: 16000 and 8000 samples at hop 160 -> 150."""
         padded = self.spec.padded_length(samples)
         return sum(self.spec.feature_frames(n, padded) for n in samples)
+
+
+def sound_count_of(processor: Any, *, max_audio_seconds: float | None = None, trim: bool = True) -> SoundCount:
+    """The ``SoundCount`` of a Qwen-Omni processor (its ``AudioSpec``, token rule and videos'
+    seconds per grid step: ``temporal_patch_size / OMNI_VIDEO_FPS[family]``), capped at
+    ``max_audio_seconds``. Example: the offline Qwen3-Omni processor -> ``n_window=50``,
+    ``video_second_per_grid=2.0``."""
+    rope = OmniRopeSpec.from_processor(processor)
+    seconds = VisionSpec.from_processor(processor).temporal_patch_size / OMNI_VIDEO_FPS[rope.family]
+    return SoundCount.of(
+        AudioSpec.from_processor(processor), rope.n_window, seconds, max_audio_seconds=max_audio_seconds, trim=trim
+    )
 
 
 @dataclass(frozen=True)
@@ -362,11 +350,20 @@ class QwenChatEncoder:
             video_second_per_grid=self._video_second_per_grid(hearing.videos),
         )
 
+    def sound_tokens(self, prepared: PreparedChat) -> SoundTokens | None:
+        """The ``SoundTokens`` of a prepared chat (None for a Qwen-VL processor): what its audio
+        placeholders and heard videos expand by (``placeholder_token_count(..., sound=...)``)."""
+        if self.hearing is None:
+            return None
+        sources, samples = prepared.audio_sources or [], prepared.audio_samples or []
+        videos = 0 if prepared.video_grid_thw is None else len(prepared.video_grid_thw)
+        return self._sound_tokens(_Hearing(sources=sources, samples=samples, tokens=self.hearing.tokens(samples), videos=videos))
+
     def _video_second_per_grid(self, videos: int) -> tuple[float, ...]:
         """Seconds per temporal grid step of each of ``videos`` videos, as the Omni processor sets
-        them: ``temporal_patch_size / OMNI_VIDEO_FPS[family]`` (its fps when none is passed).
+        them (``SoundCount.video_second_per_grid``).
         Example: 2 videos -> (1.0, 1.0) (Qwen2.5-Omni), (2.0, 2.0) (Qwen3-Omni)."""
-        return (self.vision.temporal_patch_size / OMNI_VIDEO_FPS[self.hearing.rope.family],) * videos
+        return (self.hearing.counting.video_second_per_grid,) * videos
 
     def _tokenize(self, chat: _Chat, geometry: MediaGeometry, hearing: _Hearing | None = None) -> TokenizedConversation:
         grids = dict(image_grid_thw=geometry.image_grid_thw, video_grid_thw=geometry.video_grid_thw, videos=geometry.timings)

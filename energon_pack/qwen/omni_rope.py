@@ -35,6 +35,7 @@ import torch
 
 from energon_pack.qwen.family import Family, family_of_model_config, processor_family
 from energon_pack.qwen.rope import RopeSpec
+from energon_pack.qwen.sound_count import audio_token_count
 
 __all__ = ["OmniMedia", "OmniRopeSpec", "audio_token_count", "omni_position_ids"]
 
@@ -119,28 +120,6 @@ class OmniRopeSpec:
         )
 
 
-def audio_token_count(feature_frames: int, n_window: int | None = None) -> int:
-    """LLM tokens of an audio of ``feature_frames`` mel frames.
-
-    ``n_window`` None (Qwen2.5-Omni): the audio tower's two stride-2 steps,
-    ``((F - 1) // 2 + 1 - 2) // 2 + 1``. Else (Qwen3-Omni, 50): the frames are cut into chunks of
-    ``2 * n_window`` and each goes through three stride-2 convolutions, ``c(n) = (n - 1) // 2 + 1``
-    three times, so ``F // (2 * n_window) * c(2 * n_window) + c(F % (2 * n_window))``.
-
-    Example: 100 frames (1 s) -> 25 (Qwen2.5-Omni), 13 (Qwen3-Omni); 3000 -> 750, 390;
-    1 -> 0, 1; 150 -> 37, 20.
-    """
-    if n_window is None:
-        return ((feature_frames - 1) // 2 + 1 - 2) // 2 + 1
-    chunk = 2 * n_window
-    return feature_frames // chunk * _three_strides(chunk) + _three_strides(feature_frames % chunk)
-
-
-def _three_strides(frames: int) -> int:
-    """Output length of three stride-2 convolutions (kernel 3, padding 1); 0 for 0. Example: 100 -> 13."""
-    for _ in range(3):
-        frames = (frames - 1) // 2 + 1 if frames > 0 else 0
-    return frames
 
 
 @dataclass(frozen=True, kw_only=True)

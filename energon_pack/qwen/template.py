@@ -26,6 +26,7 @@ import numpy as np
 from jinja2 import TemplateError
 
 from energon_pack.errors import BadSampleError
+from energon_pack.qwen.family import OMNI_FAMILIES, processor_family
 
 #: Label value that the loss ignores (gaps, segment ends, non-assistant tokens).
 IGNORE_INDEX = -100
@@ -250,32 +251,51 @@ def placeholder_token_count(
     image_grid_thw: np.ndarray | None,
     video_grid_thw: np.ndarray | None,
     videos: Sequence[VideoTiming] = (),
+    sound: SoundTokens | None = None,
 ) -> int:
-    """Tokens that a sample's image and video placeholders expand to, without building the long
-    replacements that `expand_media_placeholders` tokenizes.
+    """Tokens that a sample's image, video (and, Qwen-Omni, audio) placeholders expand to, without
+    building the long replacements that `expand_media_placeholders` tokenizes.
 
-    Each replacement is the processor's own (``replace_image_token`` / ``replace_video_token``)
-    for a grid of the same temporal length t with one merged patch per step, tokenized (special
-    tokens delimit it, so it tokenizes alone as in context), plus t * (h*w/merge**2 - 1) pad
-    tokens for the other merged patches of each step. Qwen2/2.5-VL: t*h*w/merge**2 per medium;
-    Qwen3-VL videos add each step's timestamp text and its vision start/end tokens.
+    Each replacement is the processor's own (``replace_image_token`` / ``replace_video_token`` /
+    ``replace_audio_token``) for a grid of the same temporal length t with one merged patch per
+    step (an audio: one token), tokenized (special tokens delimit it, so it tokenizes alone as in
+    context), plus t * (h*w/merge**2 - 1) pad tokens for the other merged patches of each step (an
+    audio of n tokens: n - 1). Qwen2/2.5-VL: t*h*w/merge**2 per medium; Qwen3-VL videos add each
+    step's timestamp text and its vision start/end tokens. Qwen-Omni processors (``sound``: the
+    sample's sound tokens; None: no audio, no video heard): a video heard with its sound expands
+    to its video tokens, its sound's tokens and the two audio span markers, however the processor
+    interleaves them.
 
-    Example (Qwen2.5-VL): image grid (1, 4, 6) -> 6; image (1, 4, 6) and video (2, 4, 4) -> 14.
+    Example (Qwen2.5-VL): image grid (1, 4, 6) -> 6; image (1, 4, 6) and video (2, 4, 4) -> 14;
+    (Qwen2.5-Omni) video (2, 4, 4) heard with a sound of 25 tokens -> 8 + 25 + 2 = 35.
     """
     import torch
 
     merge = int(processor.image_processor.merge_size)
-    total = 0
-    for kind, grids in (("image", image_grid_thw), ("video", video_grid_thw)):
-        for index, (steps, height, width) in enumerate([] if grids is None else np.asarray(grids).tolist()):
-            inputs: dict[str, Any] = {f"{kind}_grid_thw": torch.tensor([[steps, merge, merge]])}
-            if kind == "image":
-                text = processor.replace_image_token(inputs, image_idx=0)
-            else:
-                inputs["video_metadata"] = [videos[index].metadata()]
-                text = processor.replace_video_token(inputs, video_idx=0)
-            tokens = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
-            total += tokens + steps * (height * width // merge**2 - 1)
+    grids = [] if video_grid_thw is None else np.asarray(video_grid_thw).tolist()
+    if sound is None and processor_family(processor) in OMNI_FAMILIES:  # nothing heard
+        sound = SoundTokens(videos=(None,) * len(grids), video_second_per_grid=(1.0,) * len(grids))
+    video_texts: list[str] = []
+    if grids:
+        inputs: dict[str, Any] = {
+            "video_grid_thw": torch.tensor([[steps, merge, merge] for steps, _, _ in grids]),
+            "video_metadata": [timing.metadata() for timing in videos],
+        }
+        if sound is None:
+            video_texts = [processor.replace_video_token(inputs, video_idx=i) for i in range(len(grids))]
+        else:
+            video_texts = _omni_video_replacements(processor, inputs, sound)
+    texts = [
+        processor.replace_image_token({"image_grid_thw": torch.tensor([[steps, merge, merge]])}, image_idx=0)
+        for steps, _, _ in ([] if image_grid_thw is None else np.asarray(image_grid_thw).tolist())
+    ]
+    total = sum(steps * (height * width // merge**2 - 1) for grid in (image_grid_thw, video_grid_thw)
+                for steps, height, width in ([] if grid is None else np.asarray(grid).tolist()))
+    if sound is not None and sound.audios:
+        texts.append(processor.replace_audio_token({"num_audio_tokens": [1]}, audio_idx=0) * len(sound.audios))
+        total += sum(sound.audios) - len(sound.audios)
+    for text in [*texts, *video_texts]:
+        total += len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
     return total
 
 

@@ -62,6 +62,12 @@ def test_facts_record_media_and_skips(facts_dataset):
     assert len(columns["media_offsets"]) == 41 and columns["media_offsets"][-1] == len(columns["kind"])
     assert set(columns["orientation"].tolist()) <= set(range(1, 9))
     assert (columns["frames"][columns["kind"] == 1] > 0).all()
+    # no sound: the facts hold the columns and meta they always held, and read as no sound
+    assert not facts.has_sound and "sound" not in facts.meta
+    assert set(columns) == {"skip", "images", "videos", "media_bytes", "media_offsets", "fps", "kind", "width", "height",
+                            "orientation", "frames", "codec", "format", "mode"}
+    good = [row for row in range(40) if columns["skip"][row] == 0]
+    assert [facts.sample_sounds(row) for row in good] == [([], [None] * int(columns["videos"][row])) for row in good]
 
 
 def test_stale_or_other_processor_facts_measure(facts_dataset, processor, processor_qwen3, tmp_path):

@@ -153,7 +153,7 @@ class FactsRecorder:
         self.by_key[key] = facts
 
     def _text_tokens(self, fields: dict[str, Any]) -> tuple[int, str | None]:
-        from energon_pack.qwen.template import placeholder_token_count
+        from energon_pack.qwen.template import MediaExpansion, placeholder_token_count
 
         try:
             prepared = self._chat.prepare(
@@ -163,13 +163,12 @@ class FactsRecorder:
             )
         except BadSampleError as err:
             return 0, err.reason
-        expansion = placeholder_token_count(
-            self.processor,
+        expansion = placeholder_token_count(self.processor, MediaExpansion(
             image_grid_thw=None if prepared.image_grid_thw is None else prepared.image_grid_thw.numpy(),
             video_grid_thw=None if prepared.video_grid_thw is None else prepared.video_grid_thw.numpy(),
             videos=prepared.video_timings or [],
             sound=self._chat.sound_tokens(prepared),
-        )
+        ))
         return len(prepared.input_ids) - expansion, None
 
     def write(self, folder: Path) -> Facts:

@@ -30,7 +30,7 @@ from energon_pack.plan.facts import Facts, TextTokens, fresh_facts
 from energon_pack.qwen.fit import MediaGeometry
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.sound_count import SoundCount
-from energon_pack.qwen.template import SoundTokens, placeholder_token_count
+from energon_pack.qwen.template import MediaExpansion, SoundTokens, placeholder_token_count
 from energon_pack.rows.flops import CostModel, grid_rows
 
 __all__ = ["CardFacts", "TokenAccounting", "card_facts", "expansion_counter"]
@@ -42,13 +42,12 @@ def expansion_counter(processor: Any) -> Callable[[MediaGeometry, SoundTokens | 
 
     @lru_cache(maxsize=1 << 16)
     def count(image_grids: tuple, video_grids: tuple, timings: tuple, sound: SoundTokens | None) -> int:
-        return placeholder_token_count(
-            processor,
+        return placeholder_token_count(processor, MediaExpansion(
             image_grid_thw=np.array(image_grids, dtype=np.int64).reshape(-1, 3) if image_grids else None,
             video_grid_thw=np.array(video_grids, dtype=np.int64).reshape(-1, 3) if video_grids else None,
             videos=list(timings),
             sound=sound,
-        )
+        ))
 
     def expansion(geometry: MediaGeometry, sound: SoundTokens | None = None) -> int:
         grids = (tuple(grid_rows(geometry.image_grid_thw)), tuple(grid_rows(geometry.video_grid_thw)))

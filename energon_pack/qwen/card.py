@@ -141,20 +141,18 @@ class ProcessorCard:
         """The card of a loaded processor (``rope``: its ``RopeSpec``; default from the processor)."""
         from energon_pack.identity import processor_fingerprint
         from energon_pack.qwen.rope import RopeSpec
-        from energon_pack.qwen.template import VideoTiming, placeholder_token_count
+        from energon_pack.qwen.template import MediaExpansion, VideoTiming, placeholder_token_count
 
         vision = VisionSpec.from_processor(processor)
         merge = vision.merge_size
-        image_tokens = placeholder_token_count(
-            processor, image_grid_thw=np.array([[1, merge, merge]]), video_grid_thw=None
-        )
+        image_tokens = placeholder_token_count(processor, MediaExpansion(image_grid_thw=np.array([[1, merge, merge]])))
         step: int | None = None
         if vision_rules(vision.family) != "qwen3-vl":
             counts = {
-                placeholder_token_count(
-                    processor, image_grid_thw=None, video_grid_thw=np.array([[t, merge, merge]]),
+                placeholder_token_count(processor, MediaExpansion(
+                    video_grid_thw=np.array([[t, merge, merge]]),
                     videos=[VideoTiming(total_frames=total, fps=fps, frame_indices=indices)],
-                ) / t
+                )) / t
                 for t, total, fps, indices in _VIDEO_PROBES
             }
             step = int(counts.pop()) if len(counts) == 1 and float(next(iter(counts), 0)).is_integer() else None
@@ -235,19 +233,19 @@ def _sound_fields(processor: Any, vision: VisionSpec) -> dict[str, Any]:
     counted with ``placeholder_token_count`` on probes (a 7-token audio; a 3-step video heard with
     a 5-token sound)."""
     from energon_pack.qwen.encode import sound_count_of
-    from energon_pack.qwen.template import VideoTiming, placeholder_token_count
+    from energon_pack.qwen.template import MediaExpansion, VideoTiming, placeholder_token_count
 
     if processor_family(processor) not in OMNI_FAMILIES:
         return {}
     counting = sound_count_of(processor)
     merge = vision.merge_size
     seconds = (counting.video_second_per_grid,)
-    audio = placeholder_token_count(processor, image_grid_thw=None, video_grid_thw=None, sound=SoundTokens(audios=(7,)))
-    heard = placeholder_token_count(
-        processor, image_grid_thw=None, video_grid_thw=np.array([[3, merge, merge]]),
+    audio = placeholder_token_count(processor, MediaExpansion(sound=SoundTokens(audios=(7,))))
+    heard = placeholder_token_count(processor, MediaExpansion(
+        video_grid_thw=np.array([[3, merge, merge]]),
         videos=[VideoTiming(total_frames=12, fps=2.0, frame_indices=tuple(range(0, 12, 2)))],
         sound=SoundTokens(videos=(5,), video_second_per_grid=seconds),
-    )
+    ))
     return {"sound": counting, "audio_extra_tokens": audio - 7, "heard_video_extra_tokens": heard - 3 - 5}
 
 

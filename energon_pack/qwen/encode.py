@@ -29,6 +29,7 @@ from energon_pack.qwen.rope import RopeSpec, mrope_position_ids
 from energon_pack.qwen.sound_count import OMNI_VIDEO_FPS, SoundCount
 from energon_pack.qwen.template import (
     ChatMarkers,
+    MediaExpansion,
     SoundTokens,
     SplitTokenizer,
     TokenizedConversation,
@@ -403,9 +404,10 @@ class QwenChatEncoder:
         def expansion(candidate: MediaGeometry) -> int:
             return placeholder_token_count(
                 self.processor,
-                image_grid_thw=candidate.image_grid_thw,
-                video_grid_thw=candidate.video_grid_thw,
-                videos=candidate.timings,
+                MediaExpansion(
+                    image_grid_thw=candidate.image_grid_thw, video_grid_thw=candidate.video_grid_thw,
+                    videos=candidate.timings,
+                ),
             )
 
         text_tokens = num_tokens - expansion(geometry)

@@ -62,6 +62,21 @@ class SoundTokens:
     video_second_per_grid: tuple[float, ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class MediaExpansion:
+    """What a sample's media placeholders expand by: its image and video grids ([n, 3] rows of
+    (t, h, w) patches; None: none), each video's frame timing, and (Qwen-Omni) its sound tokens
+    (None: no audio and no video heard).
+
+    Example: one image of 4x6 patches -> ``MediaExpansion(image_grid_thw=np.array([[1, 4, 6]]))``.
+    """
+
+    image_grid_thw: np.ndarray | None = None
+    video_grid_thw: np.ndarray | None = None
+    videos: Sequence[VideoTiming] = ()
+    sound: SoundTokens | None = None
+
+
 @dataclass(frozen=True)
 class TokenizedConversation:
     """``input_ids`` int64 [L]; ``labels`` int64 [L] (next-token targets, -100 off-loss);
@@ -151,16 +166,8 @@ def check_template_use(
         )
 
 
-def expand_media_placeholders(
-    processor: Any,
-    text: str,
-    *,
-    image_grid_thw: np.ndarray | None,
-    video_grid_thw: np.ndarray | None,
-    videos: Sequence[VideoTiming] = (),
-    sound: SoundTokens | None = None,
-) -> str:
-    """Replace each image/video (and, with ``sound``, audio) pad token by the processor's replacement
+def expand_media_placeholders(processor: Any, text: str, media: MediaExpansion) -> str:
+    """Replace each image/video (and, with ``media.sound``, audio) pad token by the processor's replacement
     for its grid (audio: its token count; a video heard with its sound: video and audio tokens
     interleaved by the processor's ``replace_video_token``).
 
@@ -171,6 +178,8 @@ def expand_media_placeholders(
     """
     import torch
 
+    image_grid_thw, video_grid_thw = media.image_grid_thw, media.video_grid_thw
+    videos, sound = media.videos, media.sound
     _check_placeholders(
         processor, text.count, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
         audios=None if sound is None else len(sound.audios),
@@ -245,14 +254,7 @@ def _check_placeholders(
             )
 
 
-def placeholder_token_count(
-    processor: Any,
-    *,
-    image_grid_thw: np.ndarray | None,
-    video_grid_thw: np.ndarray | None,
-    videos: Sequence[VideoTiming] = (),
-    sound: SoundTokens | None = None,
-) -> int:
+def placeholder_token_count(processor: Any, media: MediaExpansion) -> int:
     """Tokens that a sample's image, video (and, Qwen-Omni, audio) placeholders expand to, without
     building the long replacements that `expand_media_placeholders` tokenizes.
 
@@ -261,7 +263,7 @@ def placeholder_token_count(
     step (an audio: one token), tokenized (special tokens delimit it, so it tokenizes alone as in
     context), plus t * (h*w/merge**2 - 1) pad tokens for the other merged patches of each step (an
     audio of n tokens: n - 1). Qwen2/2.5-VL: t*h*w/merge**2 per medium; Qwen3-VL videos add each
-    step's timestamp text and its vision start/end tokens. Qwen-Omni processors (``sound``: the
+    step's timestamp text and its vision start/end tokens. Qwen-Omni processors (``media.sound``: the
     sample's sound tokens; None: no audio, no video heard): a video heard with its sound expands
     to its video tokens, its sound's tokens and the two audio span markers, however the processor
     interleaves them.
@@ -271,6 +273,8 @@ def placeholder_token_count(
     """
     import torch
 
+    image_grid_thw, video_grid_thw = media.image_grid_thw, media.video_grid_thw
+    videos, sound = media.videos, media.sound
     merge = int(processor.image_processor.merge_size)
     grids = [] if video_grid_thw is None else np.asarray(video_grid_thw).tolist()
     if sound is None and processor_family(processor) in OMNI_FAMILIES:  # nothing heard
@@ -418,10 +422,7 @@ def tokenize_conversation(
     text = expand_media_placeholders(
         processor,
         render_conversation(processor, messages, tools=tools, options=options),
-        image_grid_thw=image_grid_thw,
-        video_grid_thw=video_grid_thw,
-        videos=videos,
-        sound=sound,
+        MediaExpansion(image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw, videos=videos, sound=sound),
     )
     tokenizer = processor.tokenizer
     encoded = tokenizer(text, return_offsets_mapping=True)

@@ -14,6 +14,7 @@ from energon_pack.qwen.fit import MediaGeometry, MediaLimits, media_geometry, sh
 from energon_pack.qwen.geometry import VisionSpec, image_grid, image_token_count, smart_resize
 from energon_pack.qwen.media import FRAME_LIST, ImageInfo, VideoInfo
 from energon_pack.qwen.template import (
+    MediaExpansion,
     expand_media_placeholders,
     placeholder_token_count,
     render_conversation,
@@ -180,9 +181,11 @@ def test_placeholder_token_count_docstring_example(processor) -> None:
     from energon_pack.qwen.template import VideoTiming
 
     image = np.array([[1, 4, 6]])
-    assert placeholder_token_count(processor, image_grid_thw=image, video_grid_thw=None) == 6
+    assert placeholder_token_count(processor, MediaExpansion(image_grid_thw=image)) == 6
     video = VideoTiming(total_frames=10, fps=10.0, frame_indices=(0, 3, 6, 9))
-    count = placeholder_token_count(processor, image_grid_thw=image, video_grid_thw=np.array([[2, 4, 4]]), videos=[video])
+    count = placeholder_token_count(
+        processor, MediaExpansion(image_grid_thw=image, video_grid_thw=np.array([[2, 4, 4]]), videos=[video])
+    )
     assert count == 14
 
 
@@ -201,10 +204,10 @@ def _assert_counts_match_tokenization(processor, samples, spec: VisionSpec) -> i
         )
         grids = {"image_grid_thw": geometry.image_grid_thw, "video_grid_thw": geometry.video_grid_thw}
         text = render_conversation(processor, sample.messages)
-        expanded = expand_media_placeholders(processor, text, **grids, videos=geometry.timings)
+        expanded = expand_media_placeholders(processor, text, MediaExpansion(**grids, videos=geometry.timings))
         placeholders = len(sample.images) + len(sample.videos)
         expected = len(tokenizer(expanded)["input_ids"]) - len(tokenizer(text)["input_ids"]) + placeholders
-        assert placeholder_token_count(processor, **grids, videos=geometry.timings) == expected
+        assert placeholder_token_count(processor, MediaExpansion(**grids, videos=geometry.timings)) == expected
         checked += 1
     return checked
 

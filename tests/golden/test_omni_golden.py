@@ -44,7 +44,7 @@ CASES = [
     OmniCase(
         "several_audios",
         [_message("user", AUDIO, "and", AUDIO, "then", AUDIO), _message("assistant", "Three.")],
-        audios=[Sound("flac", 0.5), Sound("m4a_aac", 3.1, 22050), Sound("wav_f32", 0.05, 8000)],
+        audios=[Sound("flac", 0.5037), Sound("m4a_aac", 3.1, 22050), Sound("wav_f32", 0.0513, 8000)],
     ),
     OmniCase("image_audio", [_message("user", IMAGE, AUDIO, "Match?"), _message("assistant", "No.")],
              images=[(56, 84)], audios=[Sound("ogg_opus", 1.0, 48000, 2)]),
@@ -102,6 +102,7 @@ def _check_against_hf(
     if waveforms:
         mask = ref["feature_attention_mask"].bool()
         assert encoded.audio.audio_feature_lengths.tolist() == mask.sum(-1).tolist()
+        assert prepared.audio_frames == int(mask.sum()), case.key  # what the row budget and row_cost count
         expected = torch.cat([ref["input_features"][i][:, mask[i]] for i in range(len(waveforms))], dim=1)
         torch.testing.assert_close(encoded.audio.input_features, expected, atol=1e-5, rtol=0)
     else:

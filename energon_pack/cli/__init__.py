@@ -8,7 +8,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from energon_pack.core.arg_types import comma_separated_ints, comma_separated_ints_or_none, int_at_least, positive_float
+from energon_pack.core.arg_types import (
+    comma_separated_ints, comma_separated_ints_or_none, decode_thread_counts, int_at_least, positive_float,
+)
 from energon_pack.errors import UsageError
 
 
@@ -338,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     loader.add_argument("--epochs", type=int, default=3, help="interleaved runs (finite epochs) per setting")
     loader.add_argument("--prefetch-factor", type=int, default=2, help="rows each worker builds ahead")
+    loader.add_argument(
+        "--decode-threads", type=decode_thread_counts, default="auto",
+        help="ours' decode_threads settings, comma-separated, each a setting (auto: the default, cores per decoding process)",
+    )
     blend = bench.add_argument_group("blend stage (also --dataset: a metadataset YAML, --seq-length, --workers)")
     blend.add_argument("--rows", type=int_at_least(1), default=200, help="rows read per blend unit (balance stage: per rank)")
     blend.add_argument(

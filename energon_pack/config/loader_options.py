@@ -29,9 +29,11 @@ class LoaderOptions:
         sample type, a crude sample) into our record form, replacing the type's default
         (docs/foreign_datasets.md); ``get_packing_loader(sample_mapping=...)`` wins. It enters the
         resume fingerprint by name (as ``sample_mapping``) only when set.
-    decode_threads: FFmpeg decoder threads (frame and slice threading) each worker decodes a video
-        with; the frames are the same with any count. None (the default): `auto_decode_threads`
-        (the cores this process may use, shared by the workers of every local rank, 1 to 4).
+    decode_threads: FFmpeg decoder threads each worker decodes a video with; their kind follows
+        what the decode does (`qwen.decoder_threads.decoder_threading`: slice threads for seeking
+        decodes and small clips, frame threads for a sequential decode of a large clip); the frames
+        are the same with any count. None (the default): `auto_decode_threads` (the cores this
+        process may use, shared by the workers of every local rank, 1 to 4).
     exclude: samples skipped (counted as ``excluded``) by the online loader, the plan loader and
         ``energon-pack plan``: each entry a sample key (``"000017"``: that key in every shard) or
         ``"SHARD#KEY"`` (``"shards/data-000001.tar#000017"``, or the shard's file name alone). The

@@ -21,6 +21,30 @@ def comma_separated_ints(text: str) -> list[int]:
     return values
 
 
+def worker_counts(text: str) -> list[int]:
+    """``"0,2"`` -> ``[0, 2]`` (0: in the main process); anything else raises ``argparse.ArgumentTypeError``."""
+    try:
+        values = [int(value) for value in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of worker counts >= 0; fix: write e.g. 0,2 (no spaces)"
+        )
+    return values
+
+
+def decode_thread_counts(text: str) -> list[int | None]:
+    """``"auto,1,2"`` -> ``[None, 1, 2]`` (``auto``: ``decode_threads: null``, the loader's default);
+    anything else raises ``argparse.ArgumentTypeError``."""
+    try:
+        return [None if value == "auto" else comma_separated_ints(value)[0] for value in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of decoder thread counts; fix: write e.g. auto,1,2 (no spaces)"
+        ) from None
+
+
 def positive_float(text: str) -> float:
     """``"0.25"`` -> ``0.25``; zero, a negative, inf, nan or a non-number raises ``argparse.ArgumentTypeError``."""
     try:

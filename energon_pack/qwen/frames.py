@@ -43,8 +43,9 @@ sequential decode, which skips it the same way. A frame the decoder drops inside
 was sought past goes unnoticed by the loader: ``energon-pack prepare --verify-media`` decodes every
 frame and rejects such files (docs/worker_memory.md).
 
-``threads`` sets FFmpeg's decoder threads (frame and slice threading, ``thread_type="AUTO"``);
-the frames are the same with any count.
+``threads`` is the FFmpeg decoder threads available; `qwen.decoder_threads.decoder_threading`
+picks their kind from what the decode does (slice threads for the seeking pass, frame threads only
+for a sequential decode of a large clip). The frames are the same with any count and kind.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from typing import Any
 import av
 
 from energon_pack.errors import BadSampleError
+from energon_pack.qwen.decoder_threads import decoder_threading
 from energon_pack.qwen.media import SHOWN_FRAMES
 
 __all__ = ["StreamIndex", "sampled_frames"]
@@ -164,7 +166,7 @@ def sampled_frames(
     gaps = (later - earlier for earlier, later in zip((-1, *frame_indices), frame_indices))
     if seek and max(gaps, default=0) > MIN_SKIPPED_PACKETS:  # denser frames: no seek could pay, no scan
         try:
-            with _opened(data, threads) as (container, stream):
+            with _opened(data, threads, seeking=True, frames=len(frame_indices)) as (container, stream):
                 index = StreamIndex.scan(container, stream, total_frames)
                 if index.worth_seeking(frame_indices):
                     yield from _seeking(container, stream, index, frame_indices)
@@ -179,13 +181,16 @@ def sampled_frames(
 
 
 @contextmanager
-def _opened(data: bytes, threads: int) -> Iterator[tuple[Any, Any]]:
-    """``(container, its first video stream)`` with ``threads`` decoder threads (frame and slice threading)."""
+def _opened(data: bytes, threads: int, *, seeking: bool, frames: int) -> Iterator[tuple[Any, Any]]:
+    """``(container, its first video stream)`` with ``threads`` decoder threads of the kind
+    `decoder_threading` picks for a decode that seeks or not and outputs ``frames`` frames (the
+    codec opens at the first decode, so the caller may still change them)."""
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.video[0]
-        if threads != 1:
-            stream.thread_type = "AUTO"
-            stream.thread_count = threads
+        context = stream.codec_context
+        stream.thread_type, stream.thread_count = decoder_threading(
+            seeking=seeking, frames=frames, width=context.width or 0, height=context.height or 0, threads=threads
+        )
         yield container, stream
 
 
@@ -194,7 +199,7 @@ def _sequential(data: bytes, frame_indices: Sequence[int], total_frames: int, th
     wanted = {index: position for position, index in enumerate(frame_indices)}
     decoded = 0
     try:
-        with _opened(data, threads) as (container, stream):
+        with _opened(data, threads, seeking=False, frames=total_frames) as (container, stream):
             for frame in container.decode(stream):
                 if decoded in wanted:
                     yield wanted[decoded], frame

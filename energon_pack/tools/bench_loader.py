@@ -188,20 +188,26 @@ class LoaderBenchOptions:
     pixel_dtypes: tuple[str, ...] = ("float32", "uint8")
     epochs: int = 3
     prefetch_factor: int = 2
+    #: Ours' ``decode_threads`` settings, each a setting of its own (None: the default, chosen per machine).
+    decode_threads: tuple[int | None, ...] = (None,)
 
 
 @dataclass(frozen=True, kw_only=True)
 class LoaderSetting:
-    """One column of the comparison: ``side`` "ours" or "eager", payload dtype, buffer size."""
+    """One column of the comparison: ``side`` "ours" or "eager", payload dtype, buffer size, and
+    ours' ``decode_threads`` (None: the default)."""
 
     side: str
     pixel_dtype: str
     buffer_size: int
+    decode_threads: int | None = None
 
     @property
     def label(self) -> str:
-        """Example: ``LoaderSetting(side="ours", pixel_dtype="uint8", buffer_size=64).label`` -> "ours uint8 B64"."""
-        return f"{self.side} {self.pixel_dtype} B{self.buffer_size}"
+        """Example: ``LoaderSetting(side="ours", pixel_dtype="uint8", buffer_size=64).label`` -> "ours uint8 B64";
+        with ``decode_threads=1`` -> "ours uint8 B64 T1"."""
+        threads = "" if self.decode_threads is None else f" T{self.decode_threads}"
+        return f"{self.side} {self.pixel_dtype} B{self.buffer_size}{threads}"
 
 
 def check_one_setting(options: LoaderBenchOptions, bench: str) -> None:
@@ -229,13 +235,18 @@ def one_setting_from_args(base: LoaderBenchOptions, args: Any) -> LoaderBenchOpt
 
 
 def settings_of(options: LoaderBenchOptions) -> list[LoaderSetting]:
-    """Every setting of a benchmark: per buffer size, ours with each payload dtype, then eager (float32).
+    """Every setting of a benchmark: per buffer size, ours with each payload dtype and decoder thread
+    setting, then eager (float32).
 
-    Example: buffers (16,), dtypes ("uint8",) -> [ours uint8 B16, eager float32 B16].
+    Example: buffers (16,), dtypes ("uint8",) -> [ours uint8 B16, eager float32 B16]; decode threads
+    (None, 1) -> [ours uint8 B16, ours uint8 B16 T1, eager float32 B16].
     """
     out = []
     for buffer_size in options.buffer_sizes:
-        out += [LoaderSetting(side="ours", pixel_dtype=dtype, buffer_size=buffer_size) for dtype in options.pixel_dtypes]
+        out += [
+            LoaderSetting(side="ours", pixel_dtype=dtype, buffer_size=buffer_size, decode_threads=threads)
+            for dtype in options.pixel_dtypes for threads in options.decode_threads
+        ]
         out.append(LoaderSetting(side="eager", pixel_dtype="float32", buffer_size=buffer_size))
     return out
 
@@ -427,6 +438,7 @@ def _loader_factory(setting: LoaderSetting, dataset: Path, processor: Any, optio
         repeat=False,
         pixel_dtype=setting.pixel_dtype,
         prefetch_factor=options.prefetch_factor,
+        decode_threads=setting.decode_threads,
     )
     # No watchdog on either side: a row of long or 4K clips on a busy machine can take longer than its
     # 60 s, and its stack dumps (on stdout) would bury the tables.
@@ -549,10 +561,13 @@ def loader_bench_tables(
             "samples": first.samples,
         })
         stages.append({"setting": setting.label, **stage_split(runs[setting], (*STAGES, HF_PROCESSOR_STAGE))})
+    from energon_pack.config import LoaderOptions
+
+    auto_threads = LoaderOptions(num_workers=options.workers).resolved_decode_threads()
     title = (
         f"loader: {dataset} (W={options.seq_length}, {options.workers} workers, prefetch_factor "
-        f"{options.prefetch_factor}, {options.epochs} interleaved runs per setting; eager = HF processor in "
-        "encode_sample + FFD per buffer)"
+        f"{options.prefetch_factor}, {options.epochs} interleaved runs per setting; ours' decode_threads: the "
+        f"default ({auto_threads} here) unless Tn; eager = HF processor in encode_sample + FFD per buffer)"
     )
     stage_title = "where worker time goes (median seconds over runs, summed over workers; % of the total)"
     tables = [(title, figures, list(figures[0])), (stage_title, stages, list(stages[0]))]
@@ -626,4 +641,5 @@ def loader_options(args: Any) -> LoaderBenchOptions:
         pixel_dtypes=tuple(getattr(args, "pixel_dtype", defaults.pixel_dtypes)),
         epochs=getattr(args, "epochs", defaults.epochs),
         prefetch_factor=getattr(args, "prefetch_factor", defaults.prefetch_factor),
+        decode_threads=tuple(getattr(args, "decode_threads", defaults.decode_threads)),
     )

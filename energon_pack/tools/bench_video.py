@@ -4,10 +4,11 @@
 (``energon_pack.tools.clips``: default 10 minutes of 720p at 30 fps, a keyframe every second, as
 phones write them, ~5 Mbit/s of moving texture and noise) and times, interleaved, ``--repeats`` times each:
 
-- ``plain decode``: a sequential PyAV decode of every frame of the clip (no conversion);
+- ``plain decode``: a sequential PyAV decode of every frame of the clip (no conversion, PyAV's default threading);
 - ``row``: building the clip's row segment with ``QwenVLPackingTaskEncoder.postencode_sample``
-  (the processor's ``max_frames``: ``--max-frames``), for each ``--threads`` count
-  (``decode_threads``): frames sought, resized as decoded, patches into the payload;
+  (the processor's ``max_frames``: ``--max-frames``), for each ``--threads`` setting
+  (``decode_threads``; ``auto``: the default, as a loader of each ``--workers`` count resolves it on
+  this machine): frames sought, resized as decoded, patches into the payload;
 - ``before``: what the row cost before issue 33: every frame decoded and counted, the sampled
   ones stacked at source size, then the video processor.
 
@@ -26,20 +27,37 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from energon_pack.core.arg_types import comma_separated_ints
+from energon_pack.core.arg_types import decode_thread_counts, worker_counts
 
 __all__ = ["bench_video", "main"]
 
 
-def _plain_decode(data: bytes, threads: int) -> int:
-    """Frames of a sequential PyAV decode of the whole clip (``threads`` FFmpeg threads)."""
+def _plain_decode(data: bytes) -> int:
+    """Frames of a sequential PyAV decode of the whole clip (PyAV's default threading)."""
     import av
 
     with av.open(io.BytesIO(data)) as container:
-        stream = container.streams.video[0]
-        if threads != 1:
-            stream.thread_type, stream.thread_count = "AUTO", threads
-        return sum(1 for _ in container.decode(stream))
+        return sum(1 for _ in container.decode(container.streams.video[0]))
+
+
+def row_settings(threads: Sequence[int | None], workers: Sequence[int]) -> dict[str, int]:
+    """Row label -> ``decode_threads`` per ``threads`` setting; None (``auto``) is resolved as a
+    loader with each count of ``workers`` resolves it here (`LoaderOptions.resolved_decode_threads`).
+
+    Example (2 cores): ``row_settings([1, None], [0, 2])`` -> {"row, 1 thread(s)": 1,
+    "row, auto, 0 workers (2 thread(s))": 2, "row, auto, 2 workers (1 thread(s))": 1}.
+    """
+    from energon_pack.config import LoaderOptions
+
+    out = {}
+    for count in threads:
+        if count is not None:
+            out[f"row, {count} thread(s)"] = count
+            continue
+        for number in workers:
+            resolved = LoaderOptions(num_workers=number).resolved_decode_threads()
+            out[f"row, auto, {number} workers ({resolved} thread(s))"] = resolved
+    return out
 
 
 def _median_seconds(run: Callable[[], Any], repeats: int) -> list[float]:
@@ -53,10 +71,11 @@ def _median_seconds(run: Callable[[], Any], repeats: int) -> list[float]:
 
 def bench_video(
     *, seconds: float, width: int, height: int, fps: int, keyframe_seconds: float, max_frames: int,
-    threads: Sequence[int], family: str, repeats: int, clips: Path, pixel_dtype: str = "uint8", noise: int = 20,
-    encoding: str = "ultrafast", grain: int = 1,
+    threads: Sequence[int | None], family: str, repeats: int, clips: Path, pixel_dtype: str = "uint8", noise: int = 20,
+    encoding: str = "ultrafast", grain: int = 1, workers: Sequence[int] = (2,),
 ) -> dict[str, Any]:
-    """Figures of one clip: plain decode, row per thread count and the pre-issue-33 row, in seconds (medians)."""
+    """Figures of one clip: plain decode, row per thread setting (`row_settings`) and the
+    pre-issue-33 row, in seconds (medians)."""
     import torch
 
     from energon_pack.config import PackingConfig
@@ -75,11 +94,12 @@ def bench_video(
     sample = QwenVLChatSample(__key__="clip", __restore_key__=(), __subflavors__=None, __sources__=None,
                               conversation=messages, images=[], videos=[data])
     encoders = {
-        count: QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 20, pixel_dtype=pixel_dtype,
+        label: QwenVLPackingTaskEncoder(PackingConfig(seq_length=1 << 20, pixel_dtype=pixel_dtype,
                                                       decode_threads=count), processor)
-        for count in threads
+        for label, count in row_settings(threads, workers).items()
     }
-    prepared = encoders[threads[0]].preencode_sample(sample)
+    first = next(iter(encoders.values()))
+    prepared = first.preencode_sample(sample)
     timing = prepared.video_timings[0]
     uint8 = pixel_dtype == "uint8"
 
@@ -90,13 +110,13 @@ def bench_video(
             **({"do_rescale": False, "do_normalize": False} if uint8 else {}),
         )
 
-    runs: dict[str, list[float]] = {"plain decode": [], "before": [], **{f"row, {t} thread(s)": [] for t in threads}}
+    runs: dict[str, list[float]] = {"plain decode": [], "before": [], **{label: [] for label in encoders}}
     for _ in range(repeats):  # interleaved, so load changes hit every setting alike
-        runs["plain decode"] += _median_seconds(lambda: _plain_decode(data, 1), 1)
-        for count, encoder in encoders.items():
-            runs[f"row, {count} thread(s)"] += _median_seconds(lambda: encoder.postencode_sample(prepared), 1)
+        runs["plain decode"] += _median_seconds(lambda: _plain_decode(data), 1)
+        for label, encoder in encoders.items():
+            runs[label] += _median_seconds(lambda: encoder.postencode_sample(prepared), 1)
         runs["before"] += _median_seconds(before, 1)
-    row = encoders[threads[0]].postencode_sample(prepared).segment.visual.pixel_values_videos
+    row = first.postencode_sample(prepared).segment.visual.pixel_values_videos
     reference = before()["pixel_values_videos"]
     medians = {name: statistics.median(values) for name, values in runs.items()}
     return {
@@ -128,7 +148,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="how the clip is encoded (h264-web, hevc-web, vp9-web: web video with B-frames or alt-ref "
                         "frames; ultrafast: x264 without CABAC or B-frames)")
     parser.add_argument("--max-frames", type=int, default=64, help="the processor's max_frames")
-    parser.add_argument("--threads", type=comma_separated_ints, default=[1], help="decode_threads counts to time, e.g. 1,2,4")
+    parser.add_argument("--threads", type=decode_thread_counts, default=[1],
+                        help="decode_threads settings to time, e.g. 1,2,4,auto (auto: the default, per --workers count)")
+    parser.add_argument("--workers", type=worker_counts, default=[2],
+                        help="loader worker counts the auto setting is resolved for, e.g. 0,2 (0: in one process)")
     parser.add_argument("--family", default="qwen2.5-vl", choices=["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5"])
     parser.add_argument("--pixel-dtype", default="uint8", choices=["uint8", "float32"])
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of each setting")
@@ -144,12 +167,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds=args.seconds, width=args.width, height=args.height, fps=args.fps,
         keyframe_seconds=args.keyframe_seconds, max_frames=args.max_frames, threads=args.threads,
         family=args.family, repeats=args.repeats, clips=args.clips, pixel_dtype=args.pixel_dtype, noise=args.noise,
-        encoding=args.encoding, grain=args.grain,
+        encoding=args.encoding, grain=args.grain, workers=args.workers,
     )
     print(f"{figures['clip']}: {figures['frames']} frames, {figures['sampled']} sampled, {figures['family']}, "
           f"medians of {args.repeats}")
     for name, value in figures["seconds"].items():
-        print(f"  {name:<22} {value:8.2f} s   {figures['ratio to plain decode'][name]:.3f}x plain decode")
+        print(f"  {name:<36} {value:8.2f} s   {figures['ratio to plain decode'][name]:.3f}x plain decode")
     print(f"  pixels identical: {figures['pixels identical']}")
     return 0 if figures["pixels identical"] else 1
 

@@ -57,13 +57,15 @@ def test_seeking_gives_the_sequential_frames(seek_corpus, item, monkeypatch) -> 
     fallbacks = []
     sequential = frames_module._sequential
     monkeypatch.setattr(frames_module, "_sequential", lambda *a: fallbacks.append(a) or sequential(*a))
-    for indices in INDEX_SETS:
-        indices = [min(i, total - 1) for i in indices]
-        indices = sorted(set(indices))
-        for threads in (1, 3):
-            got, order = _decode(data, indices, total, threads=threads)
-            np.testing.assert_array_equal(got, every[indices], err_msg=f"{item} {indices} threads={threads}")
-            assert order == list(range(len(indices)))
+    for threads in (1, 3):
+        with monkeypatch.context() as patched:
+            if threads > 1:  # frame threads on every pass (the rule gives them to large sequential decodes only)
+                patched.setattr(frames_module, "decoder_threading", lambda **decode: ("FRAME", decode["threads"]))
+            for indices in INDEX_SETS:
+                indices = sorted({min(i, total - 1) for i in indices})
+                got, order = _decode(data, indices, total, threads=threads)
+                np.testing.assert_array_equal(got, every[indices], err_msg=f"{item} {indices} threads={threads}")
+                assert order == list(range(len(indices)))
     # Every corpus stream is sought exactly: none fell back to the sequential decode when seeking paid.
     assert not [a for a in fallbacks if StreamIndex.worth_seeking(index, a[1])], item
 
@@ -136,8 +138,11 @@ class _Counting:
 
 
 def _seeking_decode(data: bytes, indices: list[int], total: int, threads: int) -> tuple[np.ndarray, _Counting, StreamIndex]:
-    """(the sampled frames of a seeking decode, the decoder's record of every frame it output, the scan)."""
-    with frames_module._opened(data, threads) as (container, stream):
+    """(the sampled frames of a seeking decode, the decoder's record of every frame it output, the scan);
+    ``threads`` > 1: frame threads (exact with any threading, though the rule gives seeking slice threads)."""
+    with frames_module._opened(data, threads, seeking=True, frames=len(indices)) as (container, stream):
+        if threads > 1:
+            stream.thread_type = "FRAME"
         index = StreamIndex.scan(container, stream, total)
         counting = _Counting(container, stream)
         got = [frame.to_ndarray(format="rgb24") for _, frame in frames_module._seeking(counting, counting, index, indices)]

@@ -9,11 +9,12 @@ import av
 import pytest
 
 from energon_pack.qwen.media import probe_video
-from energon_pack.tools.bench_video import main
+from energon_pack.tools.bench_video import main, row_settings
 from energon_pack.tools.clips import ClipSpec, make_clip
 
 
-@pytest.mark.parametrize("argv", [["--threads", "0"], ["--threads", "a,b"], ["--noise", "200"], ["--seconds", "0"],
+@pytest.mark.parametrize("argv", [["--threads", "0"], ["--threads", "a,b"], ["--threads", "auto,0"], ["--workers", "-1"],
+                                  ["--noise", "200"], ["--seconds", "0"],
                                   ["--max-frames", "-1"], ["--family", "qwen9"],
                                   ["--grain", "0"], ["--encoding", "h263"]])
 def test_bad_options_are_usage_errors(argv, capsys) -> None:
@@ -25,10 +26,20 @@ def test_bad_options_are_usage_errors(argv, capsys) -> None:
 
 @pytest.mark.slow
 def test_a_tiny_clip_runs_and_its_pixels_are_identical(tmp_path, capsys) -> None:
-    assert main(["--seconds", "4", "--width", "160", "--height", "96", "--max-frames", "4", "--threads", "1,2",
-                 "--repeats", "1", "--noise", "8", "--clips", str(tmp_path)]) == 0
+    assert main(["--seconds", "4", "--width", "160", "--height", "96", "--max-frames", "4", "--threads", "2,auto",
+                 "--workers", "0", "--repeats", "1", "--noise", "8", "--clips", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "pixels identical: True" in out and "row, 2 thread(s)" in out and "plain decode" in out
+    assert "row, auto, 0 workers (" in out  # the default, as a loader in one process resolves it
+
+
+def test_auto_rows_resolve_decode_threads_as_a_loader_of_each_worker_count(monkeypatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert row_settings([1, None], [0, 2, 8]) == {
+        "row, 1 thread(s)": 1, "row, auto, 0 workers (4 thread(s))": 4, "row, auto, 2 workers (4 thread(s))": 4,
+        "row, auto, 8 workers (1 thread(s))": 1,
+    }
 
 
 @pytest.mark.parametrize("encoding", ["h264-web", "hevc-web", "vp9-web"])

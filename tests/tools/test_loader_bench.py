@@ -30,6 +30,13 @@ def test_every_buffer_has_ours_per_payload_then_eager() -> None:
     ]
 
 
+def test_each_decode_threads_setting_is_a_setting_of_ours() -> None:
+    options = LoaderBenchOptions(buffer_sizes=(16,), pixel_dtypes=("uint8",), decode_threads=(None, 1))
+    settings = settings_of(options)
+    assert [s.label for s in settings] == ["ours uint8 B16", "ours uint8 B16 T1", "eager float32 B16"]
+    assert [s.decode_threads for s in settings] == [None, 1, None]
+
+
 def test_runs_are_interleaved_and_alternate_their_order() -> None:
     a, b = (LoaderSetting(side="ours", pixel_dtype="uint8", buffer_size=n) for n in (1, 2))
     assert list(interleaved([a, b], 3)) == [(0, a), (0, b), (1, b), (1, a), (2, a), (2, b)]
@@ -87,9 +94,10 @@ def test_an_epoch_shorter_than_one_sampling_interval_still_reads_its_workers(mon
 
 def test_loader_options_come_from_the_command_line() -> None:
     args = argparse.Namespace(samples=8, dataset=None, seq_length=4096, buffer_sizes=[4], workers=1,
-                              pixel_dtype=["uint8"], epochs=2, prefetch_factor=1)
+                              pixel_dtype=["uint8"], epochs=2, prefetch_factor=1, decode_threads=[None, 2])
     assert loader_options(args) == LoaderBenchOptions(samples=8, seq_length=4096, buffer_sizes=(4,), workers=1,
-                                                      pixel_dtypes=("uint8",), epochs=2, prefetch_factor=1)
+                                                      pixel_dtypes=("uint8",), epochs=2, prefetch_factor=1,
+                                                      decode_threads=(None, 2))
 
 
 @pytest.mark.slow

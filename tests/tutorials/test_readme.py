@@ -37,3 +37,18 @@ def test_usage_example_runs_saves_midway_and_resumes(synthetic_dataset):
 def test_readme_says_how_to_run_the_notebooks():
     text = README.read_text(encoding="utf-8")
     assert "make install-test" in text and "jupyter" in text
+
+
+#: The README and the pages its reference material moved to (issue 50): their links must resolve.
+MOVED_TO = ("docs/guide.md", "docs/bridge.md", "docs/development.md", "docs/README.md")
+
+
+def test_the_readme_is_a_first_reading_whose_links_resolve():
+    """The README keeps what a newcomer reads first (the two commands, the smallest example, where
+    to go next) and points to the pages its reference moved to; every relative link there resolves."""
+    text = README.read_text(encoding="utf-8")
+    assert "make demo" in text and "make test" in text and "## Where to go next" in text
+    assert all(f"({page})" in text for page in MOVED_TO)
+    for page in (README, *(README.parent / name for name in MOVED_TO)):
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            assert (page.parent / target).exists(), f"{page.name} links {target}, which does not exist"

@@ -8,30 +8,28 @@ import argparse
 from collections.abc import Callable
 
 
-def comma_separated_ints(text: str) -> list[int]:
-    """``"4096,8192"`` -> ``[4096, 8192]``; anything else raises ``argparse.ArgumentTypeError``."""
+def _ints_at_least(text: str, minimum: int, what: str, example: str) -> list[int]:
+    """``text`` as comma-separated integers, each >= ``minimum``; else ``argparse.ArgumentTypeError``
+    naming ``what`` the list holds and an ``example``."""
     try:
         values = [int(value) for value in text.split(",")]
     except ValueError:
         values = []
-    if not values or min(values) < 1:
+    if not values or min(values) < minimum:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of positive integers; fix: write e.g. 4096,8192 (no spaces)"
+            f"{text!r} is not a comma-separated list of {what}; fix: write e.g. {example} (no spaces)"
         )
     return values
+
+
+def comma_separated_ints(text: str) -> list[int]:
+    """``"4096,8192"`` -> ``[4096, 8192]``; anything else raises ``argparse.ArgumentTypeError``."""
+    return _ints_at_least(text, 1, "positive integers", "4096,8192")
 
 
 def worker_counts(text: str) -> list[int]:
     """``"0,2"`` -> ``[0, 2]`` (0: in the main process); anything else raises ``argparse.ArgumentTypeError``."""
-    try:
-        values = [int(value) for value in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of worker counts >= 0; fix: write e.g. 0,2 (no spaces)"
-        )
-    return values
+    return _ints_at_least(text, 0, "worker counts >= 0", "0,2")
 
 
 def decode_thread_counts(text: str) -> list[int | None]:

@@ -44,8 +44,9 @@ was sought past goes unnoticed by the loader: ``energon-pack prepare --verify-me
 frame and rejects such files (docs/worker_memory.md).
 
 ``threads`` is the FFmpeg decoder threads available; `qwen.decoder_threads.decoder_threading`
-picks their kind from what the decode does (slice threads for the seeking pass, frame threads only
-for a sequential decode of a large clip). The frames are the same with any count and kind.
+picks how many and of which kind from what the decode does (one thread for small pictures, slice
+threads for the seeking pass, frame threads only for a long sequential decode of large pictures).
+The frames are the same with any count and kind.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ phones write them, ~5 Mbit/s of moving texture and noise) and times, interleaved
 - ``before``: what the row cost before issue 33: every frame decoded and counted, the sampled
   ones stacked at source size, then the video processor.
 
-It prints the medians, the row's ratio to the plain decode, and checks the row's payload equals
+It prints the medians (wall, and CPU seconds of every thread of this process), the row's ratio to
+the plain decode in both, and checks the row's payload equals
 the video processor's on the sequentially decoded frames (``pixels identical: True``).
 """
 
@@ -60,13 +61,12 @@ def row_settings(threads: Sequence[int | None], workers: Sequence[int]) -> dict[
     return out
 
 
-def _median_seconds(run: Callable[[], Any], repeats: int) -> list[float]:
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return seconds
+def _timed(run: Callable[[], Any]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one ``run()``; CPU is this process's, every thread's included (decoder
+    threads too), so it does not move with the share of the cores other jobs leave it."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def bench_video(
@@ -75,7 +75,7 @@ def bench_video(
     encoding: str = "ultrafast", grain: int = 1, workers: Sequence[int] = (2,),
 ) -> dict[str, Any]:
     """Figures of one clip: plain decode, row per thread setting (`row_settings`) and the
-    pre-issue-33 row, in seconds (medians)."""
+    pre-issue-33 row, in wall and CPU seconds (medians)."""
     import torch
 
     from energon_pack.config import PackingConfig
@@ -110,19 +110,21 @@ def bench_video(
             **({"do_rescale": False, "do_normalize": False} if uint8 else {}),
         )
 
-    runs: dict[str, list[float]] = {"plain decode": [], "before": [], **{label: [] for label in encoders}}
+    runs: dict[str, list[tuple[float, float]]] = {"plain decode": [], "before": [], **{label: [] for label in encoders}}
     for _ in range(repeats):  # interleaved, so load changes hit every setting alike
-        runs["plain decode"] += _median_seconds(lambda: _plain_decode(data), 1)
+        runs["plain decode"].append(_timed(lambda: _plain_decode(data)))
         for label, encoder in encoders.items():
-            runs[label] += _median_seconds(lambda: encoder.postencode_sample(prepared), 1)
-        runs["before"] += _median_seconds(before, 1)
+            runs[label].append(_timed(lambda: encoder.postencode_sample(prepared)))
+        runs["before"].append(_timed(before))
     row = first.postencode_sample(prepared).segment.visual.pixel_values_videos
     reference = before()["pixel_values_videos"]
-    medians = {name: statistics.median(values) for name, values in runs.items()}
+    medians = {name: statistics.median(wall for wall, _ in values) for name, values in runs.items()}
+    cpu = {name: statistics.median(seconds for _, seconds in values) for name, values in runs.items()}
     return {
         "clip": spec.name, "frames": spec.num_frames, "sampled": len(timing.frame_indices), "family": family,
-        "seconds": medians, "runs": runs,
+        "seconds": medians, "cpu seconds": cpu, "runs": runs,
         "ratio to plain decode": {name: value / medians["plain decode"] for name, value in medians.items()},
+        "cpu ratio to plain decode": {name: value / cpu["plain decode"] for name, value in cpu.items()},
         "pixels identical": bool(torch.equal(row, reference)),
     }
 
@@ -172,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{figures['clip']}: {figures['frames']} frames, {figures['sampled']} sampled, {figures['family']}, "
           f"medians of {args.repeats}")
     for name, value in figures["seconds"].items():
-        print(f"  {name:<36} {value:8.2f} s   {figures['ratio to plain decode'][name]:.3f}x plain decode")
+        print(f"  {name:<36} {value:8.2f} s   {figures['ratio to plain decode'][name]:.3f}x plain decode   "
+              f"CPU {figures['cpu seconds'][name]:8.2f} s   {figures['cpu ratio to plain decode'][name]:.3f}x")
     print(f"  pixels identical: {figures['pixels identical']}")
     return 0 if figures["pixels identical"] else 1
 

@@ -29,9 +29,9 @@ class LoaderOptions:
         sample type, a crude sample) into our record form, replacing the type's default
         (docs/foreign_datasets.md); ``get_packing_loader(sample_mapping=...)`` wins. It enters the
         resume fingerprint by name (as ``sample_mapping``) only when set.
-    decode_threads: FFmpeg decoder threads each worker decodes a video with; their kind follows
-        what the decode does (`qwen.decoder_threads.decoder_threading`: one thread below 720p,
-        slice threads for seeking decodes, frame threads for a long sequential decode); the frames
+    decode_threads: FFmpeg decoder threads each worker decodes a video with; how many it uses follows
+        the picture size (`qwen.decoder_threads.decoder_threading`: slice threads from 720p,
+        one thread below; never frame threads, measured slower); the frames
         are the same with any count. None (the default): `auto_decode_threads` (the cores this
         process may use, shared by the workers of every local rank, 1 to 4).
     exclude: samples skipped (counted as ``excluded``) by the online loader, the plan loader and

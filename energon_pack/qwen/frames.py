@@ -44,9 +44,9 @@ was sought past goes unnoticed by the loader: ``energon-pack prepare --verify-me
 frame and rejects such files (docs/worker_memory.md).
 
 ``threads`` is the FFmpeg decoder threads available; `qwen.decoder_threads.decoder_threading`
-picks how many and of which kind from what the decode does (one thread for small pictures, slice
-threads for the seeking pass, frame threads only for a long sequential decode of large pictures).
-The frames are the same with any count and kind.
+picks how many and of which kind (slice threads for pictures of 720p and more, one thread below:
+frame threads, delayed and flushed at every seek, were measured slower). The frames are the same
+with any count and kind.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def sampled_frames(
     gaps = (later - earlier for earlier, later in zip((-1, *frame_indices), frame_indices))
     if seek and max(gaps, default=0) > MIN_SKIPPED_PACKETS:  # denser frames: no seek could pay, no scan
         try:
-            with _opened(data, threads, seeking=True, frames=len(frame_indices)) as (container, stream):
+            with _opened(data, threads) as (container, stream):
                 index = StreamIndex.scan(container, stream, total_frames)
                 if index.worth_seeking(frame_indices):
                     yield from _seeking(container, stream, index, frame_indices)
@@ -182,15 +182,15 @@ def sampled_frames(
 
 
 @contextmanager
-def _opened(data: bytes, threads: int, *, seeking: bool, frames: int) -> Iterator[tuple[Any, Any]]:
-    """``(container, its first video stream)`` with ``threads`` decoder threads of the kind
-    `decoder_threading` picks for a decode that seeks or not and outputs ``frames`` frames (the
-    codec opens at the first decode, so the caller may still change them)."""
+def _opened(data: bytes, threads: int) -> Iterator[tuple[Any, Any]]:
+    """``(container, its first video stream)`` with the threading `decoder_threading` picks for
+    ``threads`` decoder threads and the stream's picture size (the codec opens at the first
+    decode, so the caller may still change it)."""
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.video[0]
         context = stream.codec_context
         stream.thread_type, stream.thread_count = decoder_threading(
-            seeking=seeking, frames=frames, width=context.width or 0, height=context.height or 0, threads=threads
+            width=context.width or 0, height=context.height or 0, threads=threads
         )
         yield container, stream
 
@@ -200,7 +200,7 @@ def _sequential(data: bytes, frame_indices: Sequence[int], total_frames: int, th
     wanted = {index: position for position, index in enumerate(frame_indices)}
     decoded = 0
     try:
-        with _opened(data, threads, seeking=False, frames=total_frames) as (container, stream):
+        with _opened(data, threads) as (container, stream):
             for frame in container.decode(stream):
                 if decoded in wanted:
                     yield wanted[decoded], frame

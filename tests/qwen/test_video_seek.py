@@ -59,7 +59,7 @@ def test_seeking_gives_the_sequential_frames(seek_corpus, item, monkeypatch) -> 
     monkeypatch.setattr(frames_module, "_sequential", lambda *a: fallbacks.append(a) or sequential(*a))
     for threads in (1, 3):
         with monkeypatch.context() as patched:
-            if threads > 1:  # frame threads on every pass (the rule gives them to large sequential decodes only)
+            if threads > 1:  # frame threads on every pass: exact with them too (the rule never picks them)
                 patched.setattr(frames_module, "decoder_threading", lambda **decode: ("FRAME", decode["threads"]))
             for indices in INDEX_SETS:
                 indices = sorted({min(i, total - 1) for i in indices})
@@ -139,8 +139,8 @@ class _Counting:
 
 def _seeking_decode(data: bytes, indices: list[int], total: int, threads: int) -> tuple[np.ndarray, _Counting, StreamIndex]:
     """(the sampled frames of a seeking decode, the decoder's record of every frame it output, the scan);
-    ``threads`` > 1: frame threads (exact with any threading, though the rule gives seeking slice threads)."""
-    with frames_module._opened(data, threads, seeking=True, frames=len(indices)) as (container, stream):
+    ``threads`` > 1: frame threads (exact with any threading, though the rule never picks them)."""
+    with frames_module._opened(data, threads) as (container, stream):
         if threads > 1:
             stream.thread_type = "FRAME"
         index = StreamIndex.scan(container, stream, total)

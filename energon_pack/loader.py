@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,7 +41,7 @@ from energon_pack.qwen.rope import RopeSpec
 from energon_pack.runtime.balanced_stage import balance_report
 from energon_pack.runtime.state_check import check_loader_state, check_restored_type
 from energon_pack.runtime.inflight import naming_dead_workers
-from energon_pack.runtime.workers import frozen_gc
+from energon_pack.runtime.workers import frozen_gc, stop_workers_when_collected
 from energon_pack.runtime.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
 from energon_pack.runtime.task_encoder import BlendConfigError, QwenVLPackingTaskEncoder, WeightedBlendWithoutRepeatError
 
@@ -150,6 +151,9 @@ class PackingDataLoader(SavableDataLoader):
         self.blend_entries = [dict(entry) for entry in blend_entries]
         self.blend_unit = blend_unit
         self._blend_warned = blend_unit != "samples" or not self.blend_entries
+        #: Stops the worker processes of the current iteration when this loader is garbage-collected
+        #: without ``close()`` (``runtime.workers.stop_workers_when_collected``); None without workers.
+        self._workers_finalizer: weakref.finalize | None = None
 
     def __len__(self) -> int:
         raise TypeError(
@@ -181,6 +185,7 @@ class PackingDataLoader(SavableDataLoader):
         # (num_workers=0) forks nothing, so it skips the collection.
         with frozen_gc(enabled=self.num_workers > 0):
             first = next(batches, None)
+        self._guard_workers()
         self._rows_in_iteration = 0
         if first is None:
             return
@@ -205,11 +210,21 @@ class PackingDataLoader(SavableDataLoader):
             self._blend_warned = True
             warnings.warn(message, BlendShareWarning, stacklevel=3)
 
+    def _guard_workers(self) -> None:
+        """Have the worker processes just started stopped promptly if this loader is dropped without
+        ``close()`` (a notebook cell run again): see ``stop_workers_when_collected``."""
+        iterator = self._iterator
+        if self._workers_finalizer is None and iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            self._workers_finalizer = stop_workers_when_collected(self, iterator)
+
     def _shutdown_workers(self) -> None:
         """Stop this loader's worker processes (torch keeps persistent workers until then)."""
         iterator, self._iterator = self._iterator, None
+        finalizer, self._workers_finalizer = self._workers_finalizer, None
+        if finalizer is not None:
+            finalizer()
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+            iterator._shutdown_workers()  # a no-op once the finalizer ran for it
 
     def close(self) -> None:
         """Stop the workers and remove the statistics folder; ``stats()`` keeps the last figures.

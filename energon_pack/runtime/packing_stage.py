@@ -94,29 +94,41 @@ def packing_state_problems(state: Any) -> list[str]:
 
 class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
     """The stage's buffered samples by arrival index; saved as Energon restore keys and re-read
-    from the source when a restored worker starts (``worker_start``)."""
+    from the source when a restored worker starts (``worker_start``).
+
+    ``slots(sample)``: the row slots a sample takes; :attr:`slots_total`, their sum over the
+    buffered samples, is kept as samples come and go (O(1) each) and recomputed from the re-read
+    samples on restore (derived, never saved).
+    """
 
     _savable_fields = ("_restore_keys",)
 
-    def __init__(self, dataset: SavableDataset[PreparedSample], *, worker_config: WorkerConfig) -> None:
+    def __init__(
+        self, dataset: SavableDataset[PreparedSample], *, slots: Callable[[PreparedSample], int], worker_config: WorkerConfig
+    ) -> None:
         super().__init__(dataset, worker_config=worker_config)
+        self._slots = slots
         self._restore_pending = False
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
         self._samples: dict[int, PreparedSample] = {}
         self._restore_keys: dict[int, tuple[Any, ...]] = {}
+        #: Row slots of the buffered samples, summed.
+        self.slots_total = 0
 
     def worker_start(self) -> None:
         """Re-read the samples of a restored state (once)."""
         if self._restore_pending:
             self._restore_pending = False
             self._samples = {index: self.restore_sample(key) for index, key in self._restore_keys.items()}
+            self.slots_total = sum(self._slots(sample) for sample in self._samples.values())
 
     def put(self, index: int, sample: PreparedSample) -> None:
         """Hold ``sample`` under arrival index ``index``."""
         self._samples[index] = sample
         self._restore_keys[index] = get_sample_restore_key(sample)
+        self.slots_total += self._slots(sample)
 
     def peek(self, index: int) -> PreparedSample:
         """The sample of arrival index ``index`` (kept)."""
@@ -125,7 +137,9 @@ class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
     def pop(self, index: int) -> PreparedSample:
         """Remove and return the sample of arrival index ``index``."""
         del self._restore_keys[index]
-        return self._samples.pop(index)
+        sample = self._samples.pop(index)
+        self.slots_total -= self._slots(sample)
+        return sample
 
     def __iter__(self) -> Iterator[PreparedSample]:
         """The buffered samples in arrival order."""
@@ -209,7 +223,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
-        self._samples = ArrivalBuffer(self.dataset, worker_config=self.worker_config)
+        self._samples = ArrivalBuffer(self.dataset, slots=self._slots, worker_config=self.worker_config)
         self._planner = RoundPlanner(
             budget=self.budget,
             round_size=round_size(self.row, self.policy),
@@ -313,9 +327,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
 
     def _upcoming_row(self) -> int:
         """The index of the row (of this worker) that a sample read now is expected to land in:
-        rows emitted plus the rows the buffered samples fill."""
-        buffered = sum(self._slots(sample) for sample in self._samples)
-        return self._stats.rows + buffered // self.row.seq_length
+        rows emitted plus the rows the buffered samples fill (their slots, kept summed by the buffer)."""
+        return self._stats.rows + self._samples.slots_total // self.row.seq_length
 
     def _skip(self, sample: Any, reason: str, detail: str | None) -> None:
         self._stats.count_skip(reason, source=blend_source(getattr(sample, "__restore_key__", None) or ()))

@@ -333,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     loader.add_argument("--workers", type=int, default=2, help="Energon worker processes per loader")
     loader.add_argument(
+        "--interleave-rows", type=int_at_least(0), default=1_000_000,
+        help="plan stage: synthetic rows of two sources whose metadataset row interleave is timed (0: none)",
+    )
+    loader.add_argument(
         "--pixel-dtype", type=lambda text: text.split(","), default="float32,uint8",
         help="our pixel payloads, comma-separated (float32, uint8)",
     )

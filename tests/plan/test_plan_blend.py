@@ -76,6 +76,70 @@ def test_rows_are_interleaved_so_that_no_source_is_front_loaded():
     assert worst_window(compositions, compositions.sum(0) / compositions.sum(), window=20) > 0.5  # as packed
 
 
+def step_by_step_interleave(compositions, *, seed, targets=None):
+    """The reference: ``interleave_rows`` as it was written before its numpy blocks, one position
+    at a time (kept here, verbatim, to compare against)."""
+    rows, sources = compositions.shape
+    if rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    if targets is None:
+        totals = compositions.sum(axis=0)
+        targets = np.broadcast_to(totals / max(totals.sum(), 1e-12), compositions.shape)
+    dominant = np.argmax(compositions, axis=1)
+    buckets = []
+    for source in range(sources):
+        members = np.flatnonzero(dominant == source)
+        buckets.append(members[np.random.default_rng([seed, source]).permutation(len(members))].tolist())
+    units = compositions.tolist()
+    row_totals = compositions.sum(axis=1).tolist()
+    shares = np.asarray(targets).tolist()
+    heads = [0] * sources
+    drawn, due = [0.0] * sources, [0.0] * sources
+    order = np.empty(rows, dtype=np.int64)
+    for position in range(rows):
+        best, best_error = -1, float("inf")
+        here = shares[position]
+        for source in range(sources):
+            if heads[source] < len(buckets[source]):
+                row = buckets[source][heads[source]]
+                total = row_totals[row]
+                error = sum((d + u - (o + p * total)) ** 2 for d, u, o, p in zip(drawn, units[row], due, here))
+                if error < best_error:
+                    best, best_error = source, error
+        row = buckets[best][heads[best]]
+        heads[best] += 1
+        drawn = [d + u for d, u in zip(drawn, units[row])]
+        due = [o + p * row_totals[row] for o, p in zip(due, here)]
+        order[position] = row
+    return order
+
+
+@st.composite
+def interleave_inputs(draw):
+    """Row compositions of 1-4 sources (units: whole tokens; rows mostly of one source, some mixed,
+    some empty) and, half the time, per-position target shares (a schedule's)."""
+    rows, sources = draw(st.integers(0, 300)), draw(st.integers(1, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    scale = draw(st.sampled_from([1, 10, 4096]))
+    compositions = rng.integers(0, scale + 1, (rows, sources)).astype(np.float64)
+    compositions[rng.random((rows, sources)) < draw(st.sampled_from([0.0, 0.5, 0.9]))] = 0
+    if rows and sources:
+        compositions[np.arange(rows), rng.integers(0, sources, rows)] += rng.integers(0, 8 * scale + 1, rows)
+    targets = None
+    if draw(st.booleans()):
+        raw = rng.random((rows, sources)) + draw(st.sampled_from([0.0, 1e-3]))
+        targets = raw / np.maximum(raw.sum(axis=1, keepdims=True), 1e-12)
+    return compositions, targets, draw(st.integers(0, 3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(interleave_inputs())
+def test_the_numpy_interleave_equals_the_step_by_step_one(inputs):
+    compositions, targets, seed = inputs
+    expected = step_by_step_interleave(compositions, seed=seed, targets=targets)
+    assert interleave_rows(compositions, seed=seed, targets=targets).tolist() == expected.tolist()
+
+
 def test_reorder_rows_moves_members_and_row_arrays():
     offsets, members, arrays = reorder_rows(np.array([0, 2, 3]), np.array([5, 6, 7]), {"x": np.array([1, 2])}, np.array([1, 0]))
     assert offsets.tolist() == [0, 1, 3] and members.tolist() == [7, 5, 6] and arrays["x"].tolist() == [2, 1]

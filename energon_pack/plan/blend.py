@@ -46,6 +46,7 @@ __all__ = [
     "blend_selection",
     "good_samples",
     "interleave_rows",
+    "interleave_setup",
     "planned_sources",
     "reorder_rows",
     "row_compositions",
@@ -335,18 +336,31 @@ def interleave_rows(compositions: np.ndarray, *, seed: int, targets: np.ndarray 
     Example: rows ``[[10, 0], [10, 0], [0, 10], [0, 10]]`` -> the sources alternate, e.g.
     ``[0, 2, 1, 3]`` (up to the seeded order inside each source's rows).
     """
-    rows, sources = compositions.shape
-    if rows == 0:
+    if len(compositions) == 0:
         return np.zeros(0, dtype=np.int64)
+    targets, buckets = interleave_setup(compositions, seed=seed, targets=targets)
+    return _GreedyInterleave(np.asarray(compositions, dtype=np.float64), np.asarray(targets, dtype=np.float64), buckets).order()
+
+
+def interleave_setup(
+    compositions: np.ndarray, *, seed: int, targets: np.ndarray | None = None
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """What :func:`interleave_rows` chooses among: the targets (float [R, K]; by default the
+    compositions' column shares at every position) and one bucket of row indices per source (the
+    rows whose largest units are that source's; a seeded order per source).
+
+    Example: rows ``[[10, 0], [0, 10], [10, 0]]`` -> targets ``[[2/3, 1/3]] * 3`` and buckets
+    ``[rows 0 and 2 in a seeded order, [1]]``.
+    """
     if targets is None:
         totals = compositions.sum(axis=0)
         targets = np.broadcast_to(totals / max(totals.sum(), 1e-12), compositions.shape)
     dominant = np.argmax(compositions, axis=1)
     buckets = []
-    for source in range(sources):
+    for source in range(compositions.shape[1]):
         members = np.flatnonzero(dominant == source)
         buckets.append(members[_seeded_order(len(members), seed=seed, source=source)])
-    return _GreedyInterleave(np.asarray(compositions, dtype=np.float64), np.asarray(targets, dtype=np.float64), buckets).order()
+    return targets, buckets
 
 
 class _GreedyInterleave:

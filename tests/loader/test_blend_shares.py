@@ -2,7 +2,9 @@
 Energon loaders with two worker processes, measured from the rows alone.
 
 Two sources of about 200 and about 2000 real tokens a sample, blended 1:1 at W = 8192: by samples
-(Energon's meaning) the short one gets about 10 % of the tokens; by tokens 50 %.
+(Energon's meaning) the short one gets about 10 % of the tokens; by tokens 50 %. Answers vary
+widely in length (5-95 % of a short sample, 2-50 % of a long one), so samples' supervised tokens
+per real token differ widely too (docs/configuration.md, "Windows of rows").
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def test_a_token_blend_meets_its_shares_over_the_run_and_every_window(runs, unit
     rows, stats, warned = runs[unit]
     assert abs(share(rows, "short", supervised=supervised) - 0.5) <= 0.02
     windows = [share(rows[start:start + 25], "short", supervised=supervised) for start in range(20, ROWS - 24)]
-    assert max(abs(w - 0.5) for w in windows) <= 0.05, windows
+    assert max(abs(w - 0.5) for w in windows) <= 0.045, windows  # the goal is 5 points: half a point of margin
     assert not warned
     counted = {source["subflavors"]["source"]: source for source in stats["sources"]}
     column = "supervised_tokens_share" if supervised else "real_tokens_share"

@@ -20,6 +20,7 @@ from energon_pack.plan.blend import (
     blend_plan_problem,
     blend_selection,
     interleave_rows,
+    interleave_setup,
     reorder_rows,
     scheduled_rows,
     select_by_repetitions,
@@ -78,18 +79,12 @@ def test_rows_are_interleaved_so_that_no_source_is_front_loaded():
 
 def step_by_step_interleave(compositions, *, seed, targets=None):
     """The reference: ``interleave_rows`` as it was written before its numpy blocks, one position
-    at a time (kept here, verbatim, to compare against)."""
+    at a time (kept here to compare against; the buckets and targets are the package's)."""
     rows, sources = compositions.shape
     if rows == 0:
         return np.zeros(0, dtype=np.int64)
-    if targets is None:
-        totals = compositions.sum(axis=0)
-        targets = np.broadcast_to(totals / max(totals.sum(), 1e-12), compositions.shape)
-    dominant = np.argmax(compositions, axis=1)
-    buckets = []
-    for source in range(sources):
-        members = np.flatnonzero(dominant == source)
-        buckets.append(members[np.random.default_rng([seed, source]).permutation(len(members))].tolist())
+    targets, buckets = interleave_setup(compositions, seed=seed, targets=targets)
+    buckets = [bucket.tolist() for bucket in buckets]
     units = compositions.tolist()
     row_totals = compositions.sum(axis=1).tolist()
     shares = np.asarray(targets).tolist()

@@ -219,7 +219,7 @@ def resume_fingerprint(
     """Everything exact resume of the online loader depends on, as one flat JSON-able dict
     (``dataset``: ``dataset_config_fingerprint``)."""
     return {
-        **config.fingerprint(),
+        **config.fingerprint(token_blend=getattr(encoder, "token_blend", False)),
         **encoder_fingerprint(encoder),
         "rank": rank,
         "world_size": world_size,

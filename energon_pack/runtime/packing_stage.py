@@ -216,6 +216,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         #: The share blend upstream (``blend_unit`` tokens, a schedule), told where this worker's
         #: next row is and which samples failed to decode; None without one.
         self.blend = blend
+        #: Rounds of the default size are one row under a share blend of tokens (``TOKEN_BLEND_ROUND_ROWS``).
+        self._round = round_size(row, policy, token_blend=blend is not None and blend.unit != "samples")
         if blend is not None:
             blend.row_position = self._upcoming_row
         self._published_at = -math.inf
@@ -226,7 +228,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self._samples = ArrivalBuffer(self.dataset, slots=self._slots, worker_config=self.worker_config)
         self._planner = RoundPlanner(
             budget=self.budget,
-            round_size=round_size(self.row, self.policy),
+            round_size=self._round,
             min_fill=self.policy.min_fill,
             max_wait_rounds=self.policy.max_wait_rounds,
         )
@@ -462,6 +464,6 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
 
     def __str__(self) -> str:
         return (
-            f"PendingGroupPackingDataset(seq_length={self.row.seq_length}, {round_size(self.row, self.policy)}, "
+            f"PendingGroupPackingDataset(seq_length={self.row.seq_length}, {self._round}, "
             f"dataset={self.dataset})"
         )

@@ -178,6 +178,12 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
             **vars(prepared),
         )
 
+    @property
+    def token_blend(self) -> bool:
+        """Whether the train dataset built is a share blend of tokens or supervised tokens (its
+        default round is one row: ``TOKEN_BLEND_ROUND_ROWS``)."""
+        return self._share_blend is not None and self.config.policy.blend_unit != "samples"
+
     def blend_units(self, sample: PreparedSample) -> int:
         """What ``sample`` counts toward its source's share under ``blend_unit``: 1, its real tokens
         or its supervised tokens; 0 for a sample no row will carry (a skip marker, a misfit)."""

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from energon_pack.config import PackingConfig
+from energon_pack.core.token_rules import check_token_rules, recorded_rules
 from energon_pack.identity import (
     check_plan_fingerprint,
     encoder_fingerprint,
@@ -115,8 +116,14 @@ def plan_state_problems(state: PlanLoaderState, *, num_rows: int, repeat: bool) 
 def check_plan_matches(
     plan: PackPlan | MappedPlan, path: Any, split: str, encoder: Any, config: PackingConfig
 ) -> None:
-    """Raise ``ResumeMismatchError`` naming every field where ``plan`` was built for something else
-    (dataset shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
+    """Raise ``TokenRulesError`` when ``plan`` counted tokens under other token rules (always), then
+    ``ResumeMismatchError`` naming every field where it was built for something else (dataset
+    shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
+    where = f"pack plan {plan.path}" if isinstance(plan, MappedPlan) else f"pack plan (digest {plan.digest[:16]})"
+    check_token_rules(
+        recorded_rules(plan.fingerprint.get("encoder", {})), where,
+        "rebuild the plan with this energon_pack's `energon-pack plan DATASET --config CONFIG --out PLAN`",
+    )
     current = plan_fingerprint(
         dataset_fingerprint(path, split), encoder_fingerprint(encoder), config,
         sample_mapping=mapping_name(current_loader_mapping()),

@@ -1,8 +1,8 @@
 """``energon-pack merge OUT``: the metadata of a dataset written by ``prepare --part I/N`` runs.
 
 Each part run writes its shards and a part manifest (``prepare.PART_MANIFEST``: the part, the
-run's records digest and options, its shards' sizes, counts, media, problems and per-sample facts, the token-rules version)
-into ``OUT``. Merge checks that all N parts of one run are there with their shards, then writes
+run's records digest and options, its shards' sizes, counts, media, problems and per-sample
+facts, and the token-rules version they were measured under) into ``OUT``. Merge checks that all N parts of one run are there with their shards, then writes
 Energon's index and ``split.yaml``, ``dataset.yaml`` and the facts sidecar, exactly as a single
 ``prepare`` does, and removes the manifests. Nothing reads the records or media again.
 """

@@ -81,7 +81,7 @@ def check_footer(path: Path) -> None:
     """Raise ``CorruptFooter`` (naming what is wrong) unless ``path``'s footer is sound.
 
     Example: a file cut 10 bytes short -> ``CorruptFooter("the file does not end with the
-    Parquet magic b'PAR1' (cut short or not Parquet)")``.
+    Parquet magic b'PAR1' (cut short, encrypted or not Parquet)")``.
     """
     with open(path, "rb") as file:
         size = file.seek(0, 2)
@@ -228,7 +228,7 @@ for line in sys.stdin:
             group = parquet.metadata.row_group(g)
             for c in range(group.num_columns):
                 chunk = group.column(c)
-                chunk.path_in_schema, chunk.physical_type, chunk.compression, chunk.num_values, chunk.statistics
+                chunk.path_in_schema, chunk.physical_type, chunk.compression, chunk.num_values
                 chunk.data_page_offset, chunk.dictionary_page_offset, chunk.total_compressed_size
         answer = "ok"
     except Exception as err:
@@ -260,20 +260,21 @@ def _probe_run(paths: list[Path], timeout_s: float) -> tuple[list[str], str]:
     writer.start()
     answers: list[str] = []
     pending = b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(child.stdout, selectors.EVENT_READ)
-        while len(answers) < len(paths):
-            if not selector.select(timeout_s):
-                child.kill()
-                child.wait()
-                return answers, f"pyarrow did not finish opening its footer in {timeout_s:g} s (stopped)"
-            piece = os.read(child.stdout.fileno(), 1 << 16)
-            if not piece:
-                code = child.wait()
-                return answers, f"pyarrow ended the process opening its footer (exit status {code})"
-            *done, pending = (pending + piece).split(b"\n")
-            answers += [json.loads(line) for line in done]
-    child.stdout.close()
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(child.stdout, selectors.EVENT_READ)
+            while len(answers) < len(paths):
+                if not selector.select(timeout_s):
+                    child.kill()
+                    child.wait()
+                    return answers, f"pyarrow did not finish opening its footer in {timeout_s:g} s (stopped)"
+                piece = os.read(child.stdout.fileno(), 1 << 16)
+                if not piece:
+                    return answers, f"pyarrow ended the process opening its footer (exit status {child.wait()})"
+                *done, pending = (pending + piece).split(b"\n")
+                answers += [json.loads(line) for line in done]
+    finally:
+        child.stdout.close()
     child.wait()
     return answers, ""
 

@@ -16,7 +16,8 @@ skip of ``prepare`` (docs/bad_input_policy.md):
 2. The files that pass are opened by pyarrow in a child process (``_probe``: the footer, the
    Arrow and Parquet schemas, every row group's every column chunk, as ``prepare`` reads them),
    so what pyarrow does not survive ends the child, not the job: the child is started again for
-   the files after it, and one that hangs is stopped after ``PROBE_TIMEOUT_S``.
+   the files after it, and one that hangs is stopped after ``PROBE_TIMEOUT_S``. The child is
+   kept for the next files of this process (``_Prober``).
 
 ``prepare`` opens only the files that passed both, and pyarrow parses a footer the same way each
 time. Field numbers below are parquet.thrift's: ``FileMetaData`` 1 version, 2 schema, 3
@@ -31,6 +32,7 @@ Example: ``footer_problems([Path("good.parquet"), Path("cut.parquet")])`` -> ``{
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import selectors
@@ -242,7 +244,7 @@ def _probe(paths: list[Path], timeout_s: float) -> dict[Path, str]:
     again after a file that ends it or hangs, for the files after that one."""
     problems: dict[Path, str] = {}
     while paths:
-        answers, ended = _probe_run(paths, timeout_s)
+        answers, ended = _PROBER.answers(paths, timeout_s)
         problems.update({path: answer for path, answer in zip(paths, answers) if answer != "ok"})
         if len(answers) == len(paths):
             break
@@ -251,38 +253,66 @@ def _probe(paths: list[Path], timeout_s: float) -> dict[Path, str]:
     return problems
 
 
-def _probe_run(paths: list[Path], timeout_s: float) -> tuple[list[str], str]:
-    """The child's answers for the first files of ``paths``, and why it stopped before the rest ("" if it did not)."""
-    child = subprocess.Popen([sys.executable, "-c", _PROBE_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, bufsize=0)
-    lines = "".join(json.dumps(os.fspath(path)) + "\n" for path in paths).encode()
-    writer = threading.Thread(target=_feed, args=(child.stdin, lines), daemon=True)
-    writer.start()
-    answers: list[str] = []
-    pending = b""
-    try:
-        with selectors.DefaultSelector() as selector:
-            selector.register(child.stdout, selectors.EVENT_READ)
-            while len(answers) < len(paths):
-                if not selector.select(timeout_s):
-                    child.kill()
-                    child.wait()
-                    return answers, f"pyarrow did not finish opening its footer in {timeout_s:g} s (stopped)"
-                piece = os.read(child.stdout.fileno(), 1 << 16)
-                if not piece:
-                    return answers, f"pyarrow ended the process opening its footer (exit status {child.wait()})"
-                *done, pending = (pending + piece).split(b"\n")
-                answers += [json.loads(line) for line in done]
-    finally:
-        child.stdout.close()
-    child.wait()
-    return answers, ""
+class _Prober:
+    """The child process running ``_PROBE_CHILD``: started on first use and kept for the next
+    files (its start, mostly pyarrow's import, costs about 0.2 s; a footer about a millisecond),
+    started again after one that ends it or hangs, closed when this process exits."""
+
+    def __init__(self) -> None:
+        self._child: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def answers(self, paths: list[Path], timeout_s: float) -> tuple[list[str], str]:
+        """The child's answers for the first files of ``paths``, and why it stopped before the rest ("" if it did not)."""
+        with self._lock:
+            if self._child is None or self._child.poll() is not None:
+                self._child = subprocess.Popen([sys.executable, "-c", _PROBE_CHILD], stdin=subprocess.PIPE,
+                                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+            child = self._child
+            lines = "".join(json.dumps(os.fspath(path)) + "\n" for path in paths).encode()
+            threading.Thread(target=_feed, args=(child.stdin, lines), daemon=True).start()
+            answers: list[str] = []
+            pending = b""
+            with selectors.DefaultSelector() as selector:
+                selector.register(child.stdout, selectors.EVENT_READ)
+                while len(answers) < len(paths):
+                    if not selector.select(timeout_s):
+                        child.kill()
+                        self._end()
+                        return answers, f"pyarrow did not finish opening its footer in {timeout_s:g} s (stopped)"
+                    piece = os.read(child.stdout.fileno(), 1 << 16)
+                    if not piece:
+                        return answers, f"pyarrow ended the process opening its footer (exit status {self._end()})"
+                    *done, pending = (pending + piece).split(b"\n")
+                    answers += [json.loads(line) for line in done]
+            return answers, ""
+
+    def _end(self) -> int:
+        """Close the child's pipes and wait for it; its exit status."""
+        child, self._child = self._child, None
+        for stream in (child.stdin, child.stdout):
+            try:
+                stream.close()
+            except OSError:  # stdin of a child that ended: a broken pipe
+                pass
+        return child.wait()
+
+    def close(self) -> None:
+        """End the child (its input closed, it exits), if one runs."""
+        with self._lock:
+            if self._child is not None:
+                self._end()
 
 
 def _feed(stream: Any, data: bytes) -> None:
-    """Write ``data`` to the child's stdin and close it (a child that ended early leaves a broken pipe)."""
+    """Write all of ``data`` to the child's stdin (a child that ended leaves a broken pipe)."""
+    view = memoryview(data)
     try:
-        stream.write(data)
-        stream.close()
-    except (BrokenPipeError, OSError):
+        while view:
+            view = view[stream.write(view):]
+    except (OSError, ValueError):  # a broken pipe, or a pipe closed after the child ended
         pass
+
+
+_PROBER = _Prober()
+atexit.register(_PROBER.close)

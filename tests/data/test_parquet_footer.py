@@ -88,16 +88,24 @@ for line in sys.stdin:
 
 def test_an_abort_or_a_hang_in_pyarrow_counts_that_file_and_the_rest_are_opened(base, tmp_path, monkeypatch):
     """The child that opens footers with pyarrow is started again after a file that ends it or
-    hangs; every file gets its verdict."""
+    hangs; every file gets its verdict; the child is kept for the next files."""
     monkeypatch.setattr(parquet_footer, "_PROBE_CHILD", _FAKE_PYARROW)
+    prober = parquet_footer._Prober()
+    monkeypatch.setattr(parquet_footer, "_PROBER", prober)
     names = ["1-good", "2-abort", "3-good", "4-error", "5-hang", "6-good"]
     paths = [_write(tmp_path / f"{name}.parquet", base) for name in names]
-    problems = footer_problems(paths, timeout_s=3.0)
+    try:
+        problems = footer_problems(paths, timeout_s=3.0)
+        child = prober._child.pid
+        assert footer_problems(paths[:1]) == {} and prober._child.pid == child
+    finally:
+        prober.close()
     assert {path.stem: why for path, why in problems.items()} == {
         "2-abort": f"pyarrow ended the process opening its footer (exit status {-6 if os.name == 'posix' else 3})",
         "4-error": "pyarrow: ArrowInvalid: no",
         "5-hang": "pyarrow did not finish opening its footer in 3 s (stopped)",
     }
+    assert prober._child is None
 
 
 @pytest.mark.slow  # 301 files prepared in a child process: more than ~5 s on a loaded machine

@@ -93,7 +93,6 @@ def run(folder: Path) -> dict:
         "written": report.written,
         "problems": len(report.problems),
         "reasons": dict(reasons),
-        "aborted_or_hung": sum("ended the process" in why or "did not finish" in why for why in opened.unreadable.values()),
     }
 
 

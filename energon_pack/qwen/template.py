@@ -87,6 +87,26 @@ class TokenizedConversation:
     loss_mask: np.ndarray
 
 
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Typed messages in the form chat templates receive them: a message whose parts are all text
+    gets its text as one string (``""`` for no parts), a message with media keeps its parts (a
+    string content stays as it is).
+
+    Every template renders the two forms alike but the released Qwen3-Omni ones, which count a user
+    turn as a query (its answer then renders its ``<think>`` block) only when its content is a
+    string, as the Qwen3 text templates they come from; text turns arrive as strings from every
+    record form but typed text parts (docs/omni.md, "Chat templates").
+    Example: ``[{"role": "user", "content": [text "Hi"]}]`` -> ``[{"role": "user", "content": "Hi"}]``;
+    ``[audio, text "Hi"]`` stays as it is.
+    """
+    return [
+        {**message, "content": "".join(part["text"] for part in message["content"])}
+        if not isinstance(message["content"], str) and all(part["type"] == "text" for part in message["content"])
+        else message
+        for message in messages
+    ]
+
+
 def render_conversation(
     processor: Any,
     messages: Sequence[dict[str, Any]],
@@ -95,7 +115,7 @@ def render_conversation(
     options: Mapping[str, Any] | None = None,
 ) -> str:
     """Render typed messages with the processor's chat template, no generation prompt:
-    ``processor.apply_chat_template(messages, tools=tools, **options)``.
+    ``processor.apply_chat_template(template_messages(messages), tools=tools, **options)``.
 
     ``tools``: the record's function definitions; ``options``: template options
     (``chat_template_kwargs``). Raises ``BadSampleError`` when the template cannot render the
@@ -105,7 +125,7 @@ def render_conversation(
     check_template_use(processor, messages, tools=tools, options=options or {})
     try:
         return processor.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=False,
+            template_messages(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=False,
             **(options or {}),
         )
     except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as err:

@@ -1,9 +1,9 @@
 """Chat template, tokenization with media placeholders expanded, and the assistant-only loss mask.
 
 Loss is on assistant text and each assistant turn's closing ``<|im_end|>``: everything the
-template renders after an ``<|im_start|>assistant\n`` header, so for Qwen3.5 / Qwen3.6 the
-``<think>...</think>`` block (empty or not) too (docs/qwen35.md), and an assistant turn's
-``<tool_call>`` blocks. System, user and tool messages never carry loss (the Qwen templates render
+template renders after an ``<|im_start|>assistant\n`` header, so for Qwen3.5 / Qwen3.6 and
+Qwen3-Omni the ``<think>...</think>`` block (empty or not) too (docs/qwen35.md, docs/omni.md), and
+an assistant turn's ``<tool_call>`` blocks. System, user and tool messages never carry loss (the Qwen templates render
 tool results inside a user turn, ``<|im_start|>user\n<tool_response>...``). Media tokens never
 carry loss, in any turn (a model does not generate vision tokens).
 
@@ -173,7 +173,7 @@ def check_template_use(
             "template_cannot_render_tools",
             f"the record uses tools (tool calls, tool results or a tools list) but the chat template of "
             f"{template_name(processor)} renders none of them (as the official Qwen2-VL / Qwen2.5-VL templates); "
-            "fix: train a model whose template renders tools (Qwen3-VL, Qwen3.5 / Qwen3.6), or write the calls "
+            "fix: train a model whose template renders tools (Qwen3-VL, Qwen3.5 / Qwen3.6, Qwen3-Omni), or write the calls "
             "and their results as plain text turns",
         )
     unknown = sorted(set(options) - variables)

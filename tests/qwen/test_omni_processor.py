@@ -74,10 +74,10 @@ def test_qwen3_omni_sound_tokens_follow_the_samples_padding(qwen3_omni):
     assert bad.value.reason == "empty_audio"
 
 
-def test_qwen3_omni_thinking_variant_is_the_same_processor_with_its_template(qwen3_omni):
+def test_qwen3_omni_thinking_variant_is_the_same_processor_with_its_template(qwen3_omni, processor_qwen3_omni_thinking):
     from energon_pack.qwen.chat_templates import official_chat_template
 
-    thinking = load_processor(family="qwen3-omni", variant="thinking")
+    thinking = processor_qwen3_omni_thinking
     assert thinking.chat_template == official_chat_template("qwen3-omni", "thinking") != qwen3_omni.chat_template
     assert qwen3_omni.chat_template == official_chat_template("qwen3-omni", "instruct")
     assert processor_family(thinking) == "qwen3-omni" and thinking.tokenizer.get_vocab() == qwen3_omni.tokenizer.get_vocab()

@@ -1,5 +1,6 @@
 """Golden: Qwen2.5-Omni and Qwen3-Omni samples (audio, audio + text turns, several audios, image +
-audio, video with and without its sound) prepared and encoded by energon_pack equal the Hugging
+audio, video with and without its sound; a tool call and thinking about a clip, with their trained
+tokens) prepared and encoded by energon_pack equal the Hugging
 Face processor's outputs for the sample alone (called with the waveform we decode): token ids,
 audio features on the real frames (within 1e-5), feature lengths, pixels and grids, and the
 thinker's ``get_rope_index`` positions (exact).

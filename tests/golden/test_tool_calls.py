@@ -342,6 +342,9 @@ def test_qwen3_omni_plain_chat_renders_as_released(processor_qwen3_omni):
     record = loaded_sample({"messages": plain}, ())
     ids = assert_equals_hf(processor_qwen3_omni, _config(), {"messages": plain}, (), {})
     assert processor_qwen3_omni.tokenizer.decode(ids) == expected and record.conversation[0]["content"][0]["text"] == "Hi"
+    options = {"enable_thinking": False}  # read by the generation prompt alone
+    assert torch.equal(assert_equals_hf(processor_qwen3_omni, _config(chat_template_kwargs=options), {"messages": plain}, (),
+                                        options), ids)
     typed_text = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}, plain[1]]
     assert "<think>" not in processor_qwen3_omni.apply_chat_template(typed_text)
     heard = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "Hi"}]}, plain[1]]

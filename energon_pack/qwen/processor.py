@@ -422,8 +422,13 @@ def resolve_processor_source(path: str | os.PathLike[str]) -> str:
     )
 
 
-def _check_variant(family: str, variant: str | None) -> None:
-    """ValueError unless ``variant`` is None or one of ``family``'s ``TEMPLATE_VARIANTS``."""
+def _template_variant(family: str, variant: str | None) -> str | None:
+    """``variant`` of ``family`` as the offline builders take it: None for the family's default
+    template (its first ``TEMPLATE_VARIANTS`` entry, or no variants), else the variant.
+
+    Example: ``("qwen3-omni", "instruct")`` -> None; ``("qwen3-omni", "thinking")`` -> ``"thinking"``;
+    ``("qwen3-vl", "thinking")`` -> ValueError naming the variants there are.
+    """
     variants = TEMPLATE_VARIANTS.get(family, ())
     if variant is not None and variant not in variants:
         choices = f"choose one of {', '.join(variants)}" if variants else "leave it out"
@@ -431,6 +436,7 @@ def _check_variant(family: str, variant: str | None) -> None:
             f"variant={variant!r} is not a released variant of {family!r} (only variants whose chat templates "
             f"differ are told apart); {choices}"
         )
+    return None if variant is None or variant == variants[0] else variant
 
 
 def load_processor(
@@ -468,8 +474,7 @@ def load_processor(
         family = family or "qwen2.5-vl"
         if family not in FAMILIES:
             raise ValueError(f"family={family!r} is not supported; choose one of {', '.join(FAMILIES)}")
-        _check_variant(family, variant)
-        processor = _offline_processor(family, variant)
+        processor = _offline_processor(family, _template_variant(family, variant))
     else:
         from transformers import AutoProcessor
 

@@ -81,6 +81,7 @@ def test_qwen3_omni_thinking_variant_is_the_same_processor_with_its_template(qwe
     assert thinking.chat_template == official_chat_template("qwen3-omni", "thinking") != qwen3_omni.chat_template
     assert qwen3_omni.chat_template == official_chat_template("qwen3-omni", "instruct")
     assert processor_family(thinking) == "qwen3-omni" and thinking.tokenizer.get_vocab() == qwen3_omni.tokenizer.get_vocab()
+    assert load_processor(family="qwen3-omni", variant="instruct").tokenizer is qwen3_omni.tokenizer  # the default's
 
 
 @pytest.mark.parametrize("kwargs,match", [

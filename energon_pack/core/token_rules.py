@@ -12,6 +12,8 @@ and the fix (:func:`stale_rules`, :func:`check_token_rules`). Rules are what
 
 Bump ``TOKEN_RULES_VERSION`` whenever a rule changes a count, and add a line below;
 ``tests/core/test_token_rules.py`` fails when the golden counts change while the version stays.
+A processor's own data (its chat template, tokenizer, pixel limits, feature extractor) is not a
+rule: the processor and encoder fingerprints (``identity``) already tell those apart.
 
 Changelog:
 

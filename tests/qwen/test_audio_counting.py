@@ -1,11 +1,11 @@
 """Audio lengths without a resample, and the fast decode paths (energon_pack.qwen.audio, qwen.wav):
-each against FFmpeg itself, frame by frame through PyAV."""
+each against FFmpeg itself, frame by frame through PyAV (``tools.audio_floor.pyav_waveform``, the
+plain decode: every frame through one resampler to 16 kHz in the source's layout, channels averaged)."""
 
 from __future__ import annotations
 
 import struct
 from fractions import Fraction
-from io import BytesIO
 
 import av
 import numpy as np
@@ -15,21 +15,8 @@ from hypothesis import strategies as st
 
 from energon_pack.qwen.audio import decode_audio, probe_audio, resampled_length
 from energon_pack.qwen.wav import read_wav
+from energon_pack.tools.audio_floor import pyav_waveform
 from tests.support.audio_media import encode_audio, tone
-
-
-def _ffmpeg_decode(data: bytes) -> np.ndarray:
-    """The reference decode: PyAV opens the file, every decoded frame goes through one resampler to
-    16 kHz float planar (the source's layout), flushed, channels averaged."""
-    blocks = []
-    with av.open(BytesIO(data)) as container:
-        resampler = None
-        for frame in container.decode(audio=0):
-            resampler = resampler or av.AudioResampler(format="fltp", layout=frame.layout.name, rate=16000)
-            blocks += [out.to_ndarray() for out in resampler.resample(frame)]
-        blocks += [out.to_ndarray() for out in resampler.resample(None)]
-    planes = np.concatenate(blocks, axis=1)
-    return planes[0] if planes.shape[0] == 1 else planes.mean(axis=0, dtype=np.float32)
 
 
 def _resampled_count(samples: int, rate: int, chunk: int) -> int:
@@ -66,7 +53,7 @@ def test_probe_and_decode_equal_ffmpeg(codec, rate, channels, seconds):
     """The probe's count (header, Ogg packets or a decode without resampling) is the length of
     FFmpeg's decode, and our decode (NumPy WAV reader, frames resampled in blocks) is FFmpeg's, exactly."""
     data = encode_audio(tone(seconds, rate, channels), rate, codec)
-    reference = _ffmpeg_decode(data)
+    reference = pyav_waveform(data)
     info = probe_audio(data)
     assert info.samples == reference.size
     assert info.exact_from_header == (codec != "mp3" and codec != "m4a_aac")  # only those are decoded to count
@@ -112,7 +99,7 @@ def test_wav_reader_converts_as_ffmpeg(tag, bits, dtype, extensible):
     wav = read_wav(data)
     assert wav is not None and (wav.rate, wav.channels, wav.frames) == (16000, 2, 777)
     assert wav.codec == probe_audio(data).codec
-    assert np.array_equal(decode_audio(data), _ffmpeg_decode(data))
+    assert np.array_equal(decode_audio(data), pyav_waveform(data))
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from energon_pack.qwen.media import BadMediaError
-from energon_pack.qwen.wav import WavPcm, read_wav
+from energon_pack.qwen.wav import WavPcm, as_float, read_wav
 
 __all__ = [
     "AudioInfo",
@@ -255,15 +255,16 @@ def _decoded_blocks(data: bytes) -> Iterator[_Block]:
 def _resampled_blocks(data: bytes, spec: AudioSpec, limit: int | None) -> Iterator[np.ndarray]:
     """Mono float32 blocks at ``spec.sampling_rate`` in order, until ``limit`` samples (None: all).
 
-    A plain WAV at the model rate is converted without the resampler (the same floats)."""
+    Samples already at the model rate are converted with NumPy (`qwen.wav.as_float`: the floats the
+    resampler's converter gives), not through the resampler."""
     wav = read_wav(data)
     blocks = _wav_blocks(wav) if wav is not None else _decoded_blocks(data)
     resampler = None
     held = fed = 0
     try:
         for block in blocks:
-            if block.rate == spec.sampling_rate and block.sample_format == "fltp":
-                outputs = [block.array]
+            if block.rate == spec.sampling_rate and block.array.dtype.kind in "uif":  # no resampling: convert
+                outputs = [_planes(block)]
             else:
                 if resampler is None:  # channels kept: downmixed below as their mean
                     resampler = av.AudioResampler(format="fltp", layout=block.layout, rate=spec.sampling_rate)
@@ -280,6 +281,13 @@ def _resampled_blocks(data: bytes, spec: AudioSpec, limit: int | None) -> Iterat
             yield _mono(out.to_ndarray())
     except (av.error.FFmpegError, ValueError) as err:
         raise BadMediaError("corrupt_audio", f"cannot decode audio after {held} samples: {err}") from None
+
+
+def _planes(block: _Block) -> np.ndarray:
+    """A block's samples as float32 planes [channels, n] (packed formats de-interleaved)."""
+    samples = as_float(block.array)
+    channels = samples.size // block.samples if block.samples else 1
+    return samples if samples.shape[0] == channels else samples.reshape(-1, channels).T
 
 
 def _mono(planes: np.ndarray) -> np.ndarray:

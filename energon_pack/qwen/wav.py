@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WavPcm", "read_wav"]
+__all__ = ["WavPcm", "as_float", "read_wav"]
 
 _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 #: The sub-format GUID of WAVE_FORMAT_EXTENSIBLE after its leading format tag (KSDATAFORMAT_SUBTYPE_*).
@@ -60,17 +60,22 @@ class WavPcm:
         raw = memoryview(self.data)[self.offset + start * width : self.offset + stop * width]
         if self.bits == 24:  # little-endian 3-byte integers, placed in the top of an int32 as FFmpeg does
             triples = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.uint32)
-            values = ((triples[:, 0] << 8) | (triples[:, 1] << 16) | (triples[:, 2] << 24)).view(np.int32)
-            samples = values.astype(np.float32) * np.float32(2.0**-31)
+            stored = ((triples[:, 0] << 8) | (triples[:, 1] << 16) | (triples[:, 2] << 24)).view(np.int32)
         else:
             stored = np.frombuffer(raw, dtype=_DTYPES[(self.tag, self.bits)])
-            if self.bits == 8:
-                samples = (stored.astype(np.float32) - np.float32(128)) * np.float32(1 / 128)
-            elif self.tag == _PCM:
-                samples = stored.astype(np.float32) * np.float32(2.0 ** (1 - self.bits))
-            else:
-                samples = stored.astype(np.float32)
+        samples = as_float(stored)
         return np.ascontiguousarray(samples.reshape(-1, self.channels).T)
+
+
+def as_float(stored: np.ndarray) -> np.ndarray:
+    """Stored samples as float32, as FFmpeg's ``swresample`` converts them: uint8 (x - 128) / 128,
+    int16 x / 2**15, int32 rounded to float32 then / 2**31, float32 as is, float64 rounded.
+    Example: int16 ``[0, 16384, -32768]`` -> ``[0.0, 0.5, -1.0]``."""
+    if stored.dtype == np.uint8:
+        return (stored.astype(np.float32) - np.float32(128)) * np.float32(1 / 128)
+    if stored.dtype.kind == "i":
+        return stored.astype(np.float32) * np.float32(2.0 ** (1 - 8 * stored.dtype.itemsize))
+    return stored.astype(np.float32, copy=False)
 
 
 def _chunks(data: bytes, start: int) -> dict[bytes, tuple[int, int]]:

@@ -45,8 +45,8 @@ def test_resampled_length_is_the_resamplers_count(samples, rate, chunk):
 
 @pytest.mark.parametrize(
     ("codec", "rate", "channels"),
-    [("wav_s16", 16000, 1), ("wav_s16", 44100, 2), ("wav_s24", 22050, 2), ("wav_f32", 48000, 1), ("flac", 44100, 2),
-     ("ogg_opus", 48000, 2), ("ogg_opus", 16000, 1), ("mp3", 22050, 1), ("m4a_aac", 44100, 2)],
+    [("wav_s16", 16000, 1), ("wav_s16", 44100, 2), ("wav_s24", 22050, 2), ("wav_f32", 48000, 1), ("flac", 44100, 2), ("flac", 16000, 2),
+     ("ogg_opus", 48000, 2), ("ogg_opus", 16000, 1), ("mp3", 22050, 1), ("mp3", 16000, 2), ("m4a_aac", 44100, 2)],
 )
 @pytest.mark.parametrize("seconds", [0.31, 2.047])
 def test_probe_and_decode_equal_ffmpeg(codec, rate, channels, seconds):

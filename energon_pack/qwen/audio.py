@@ -308,24 +308,34 @@ def probe_audio(data: bytes, spec: AudioSpec = AudioSpec(), *, count_up_to: int 
     channels=2, codec="pcm_s16le", exact_from_header=True)``; the same clip as MP3 ->
     ``exact_from_header=False`` (counted). Raises `BadMediaError` (see the module docstring).
     """
+    try:
+        return _probe(data, spec, count_up_to)
+    except BadMediaError:
+        raise
+    except (av.error.FFmpegError, ValueError, OverflowError) as err:  # the resampler refused the source's rate
+        raise BadMediaError("corrupt_audio", f"cannot count the audio's samples: {err}") from None
+
+
+def _probe(data: bytes, spec: AudioSpec, count_up_to: int | None) -> AudioInfo:
+    """`probe_audio` (its FFmpeg and rate errors raised as they come)."""
     target = spec.sampling_rate
     wav = read_wav(data)
     if wav is not None:
         facts = dict(sample_rate=wav.rate, channels=wav.channels, codec=wav.codec, container="wav")
-        return AudioInfo(samples=resampled_length(wav.frames, wav.rate, target), exact_from_header=True, **facts)
-    with _open(data) as container:
-        stream = container.streams.audio[0]
-        rate, channels, codec = _stream_facts(stream)
-        facts = dict(sample_rate=rate, channels=channels, codec=codec, container=str(container.format.name))
-        source = _header_samples(stream, rate, codec)
-        if source is None and codec == "opus" and facts["container"] == "ogg":
-            source = _ogg_opus_samples(container, stream, _source_limit(count_up_to, rate, target))
-    if source is not None and source > 0:
-        return AudioInfo(samples=resampled_length(source, rate, target), exact_from_header=True, **facts)
-    samples = _counted_samples(data, target, count_up_to)
+        source, rate = wav.frames, wav.rate
+    else:
+        with _open(data) as container:
+            stream = container.streams.audio[0]
+            rate, channels, codec = _stream_facts(stream)
+            facts = dict(sample_rate=rate, channels=channels, codec=codec, container=str(container.format.name))
+            source = _header_samples(stream, rate, codec)
+            if source is None and codec == "opus" and facts["container"] == "ogg":
+                source = _ogg_opus_samples(container, stream, _source_limit(count_up_to, rate, target))
+    from_header = source is not None and source > 0
+    samples = resampled_length(source, rate, target) if from_header else _counted_samples(data, target, count_up_to)
     if samples == 0:
         raise BadMediaError("empty_audio", "the audio stream decodes to no samples; fix: drop the empty clip")
-    return AudioInfo(samples=samples, exact_from_header=False, **facts)
+    return AudioInfo(samples=samples, exact_from_header=from_header, **facts)
 
 
 def _source_limit(count_up_to: int | None, rate: int, target: int) -> int | None:

@@ -9,7 +9,7 @@ does (its PCM decoder, then ``swresample``'s conversion to float, docs/omni.md):
 (x - 128) / 128, float32 as is, float64 rounded to float32.
 
 Only the plain case is read here (format tag PCM or IEEE float, or WAVE_FORMAT_EXTENSIBLE with
-one of those sub-formats; mono or stereo; 8/16/24/32-bit integers or 32/64-bit floats; a ``data`` chunk that lies
+one of those sub-formats; mono or stereo; 1-768 kHz; 8/16/24/32-bit integers or 32/64-bit floats; a ``data`` chunk that lies
 whole inside the file and holds whole sample frames); anything else is None, and the caller
 opens the file with FFmpeg as before.
 """
@@ -26,6 +26,8 @@ __all__ = ["WavPcm", "as_float", "read_wav"]
 _PCM, _FLOAT, _EXTENSIBLE = 1, 3, 0xFFFE
 #: The sub-format GUID of WAVE_FORMAT_EXTENSIBLE after its leading format tag (KSDATAFORMAT_SUBTYPE_*).
 _GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")
+#: Sample rates outside these (Hz) are left to FFmpeg (no real recording has them).
+_MIN_RATE, _MAX_RATE = 1000, 768_000
 #: Channel count -> FFmpeg's layout name (more channels: FFmpeg reads the file).
 _LAYOUTS = {1: "mono", 2: "stereo"}
 #: (format tag, bits per sample) -> the little-endian NumPy dtype the samples are stored as.
@@ -111,7 +113,7 @@ def read_wav(data: bytes) -> WavPcm | None:
         tag = struct.unpack_from("<H", data, fmt_at + 24)[0]
     data_at, data_size = chunks[b"data"]
     plain = (tag, bits) in _DTYPES or (tag == _PCM and bits == 24)
-    if not plain or channels not in _LAYOUTS or rate < 1 or block_align != channels * bits // 8:
+    if not plain or channels not in _LAYOUTS or not _MIN_RATE <= rate <= _MAX_RATE or block_align != channels * bits // 8:
         return None
     if data_size == 0 or data_at + data_size > len(data) or data_size % block_align:
         return None

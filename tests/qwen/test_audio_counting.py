@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from energon_pack.errors import BadSampleError
 from energon_pack.qwen.audio import decode_audio, probe_audio, resampled_length
 from energon_pack.qwen.wav import read_wav
 from energon_pack.tools.audio_floor import pyav_waveform
@@ -65,12 +66,13 @@ GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")
 
 
 def _wav(
-    tag: int, bits: int, channels: int, payload: bytes, *, extensible_bits: int | None = None, guid_tail: bytes = GUID_TAIL
+    tag: int, bits: int, channels: int, payload: bytes, *, extensible_bits: int | None = None, guid_tail: bytes = GUID_TAIL,
+    rate: int = 16000,
 ) -> bytes:
     """A WAV file: format ``tag`` (or WAVE_FORMAT_EXTENSIBLE of that sub-format, with
-    ``extensible_bits`` valid bits), ``bits`` per sample, 16 kHz, a LIST chunk before the data."""
+    ``extensible_bits`` valid bits), ``bits`` per sample, ``rate`` Hz, a LIST chunk before the data."""
     align = channels * bits // 8
-    fmt = struct.pack("<HHIIHH", tag if extensible_bits is None else 0xFFFE, channels, 16000, 16000 * align, align, bits)
+    fmt = struct.pack("<HHIIHH", tag if extensible_bits is None else 0xFFFE, channels, rate, rate * align, align, bits)
     if extensible_bits is not None:
         fmt += struct.pack("<HHI", 22, extensible_bits, 3 if channels == 2 else 4) + struct.pack("<H", tag) + guid_tail
     chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"LIST" + struct.pack("<I", 4) + b"INFO"
@@ -111,10 +113,11 @@ def test_wav_reader_converts_as_ffmpeg(tag, bits, dtype, extensible):
         _wav(1, 24, 2, bytes(60), extensible_bits=20),  # fewer valid bits than stored
         _wav(1, 16, 2, bytes(40), extensible_bits=16, guid_tail=bytes(14)),  # another sub-format GUID
         _wav(1, 16, 3, bytes(60)),  # three channels
+        _wav(1, 16, 1, bytes(60), rate=800_000),  # no recording's rate
         b"RIFF\x04\0\0\0WAVE",  # no chunks
         b"ID3\x03" + bytes(40),
     ],
-    ids=["cut", "partial_frame", "12bit", "20_valid_bits", "other_guid", "3ch", "no_chunks", "not_riff"],
+    ids=["cut", "partial_frame", "12bit", "20_valid_bits", "other_guid", "3ch", "800khz", "no_chunks", "not_riff"],
 )
 def test_wav_reader_leaves_other_files_to_ffmpeg(data):
     assert read_wav(data) is None
@@ -126,3 +129,10 @@ def test_ogg_opus_count_stops_past_the_limit():
     full = probe_audio(data).samples
     capped = probe_audio(data, count_up_to=8000).samples
     assert full == 48000 and 8000 < capped < full
+
+
+def test_a_clip_too_short_to_resample_to_a_sample_is_empty():
+    """30 samples at 800 kHz (left to FFmpeg) resample to nothing at 16 kHz: ``empty_audio``."""
+    with pytest.raises(BadSampleError) as err:
+        probe_audio(_wav(1, 16, 1, bytes(60), rate=800_000))
+    assert err.value.reason == "empty_audio"

@@ -437,8 +437,6 @@ def _log_mel(waveform: torch.Tensor, extractor: Any) -> torch.Tensor:
         )
     window = torch.hann_window(int(extractor.n_fft))
     stft = torch.stft(waveform, int(extractor.n_fft), int(extractor.hop_length), window=window, return_complex=True)
-    magnitudes = (stft[..., :-1].abs() ** 2).contiguous()
-    mel = torch.from_numpy(np.asarray(extractor.mel_filters, dtype=np.float32)).T @ magnitudes
-    log_spec = torch.clamp(mel, min=1e-10).log10()
-    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
-    return (log_spec + 4.0) / 4.0
+    power = stft.abs().square_()[:, :-1]  # the extractor drops the last frame; contiguous before the slice
+    log_spec = (torch.from_numpy(np.asarray(extractor.mel_filters, dtype=np.float32)).T @ power).clamp_(min=1e-10).log10_()
+    return torch.maximum(log_spec, log_spec.max() - 8.0).add_(4.0).div_(4.0)

@@ -340,7 +340,7 @@ def _probe(data: bytes, spec: AudioSpec, count_up_to: int | None) -> AudioInfo:
 
 def _source_limit(count_up_to: int | None, rate: int, target: int) -> int | None:
     """Source samples past which a count at ``rate`` surely exceeds ``count_up_to`` model-rate samples
-    (one second of margin over the rate ratio). Example: (16000, 48000, 16000) -> 96003."""
+    (one second of margin over the rate ratio). Example: (16000, 48000, 16000) -> 96004."""
     return None if count_up_to is None else (count_up_to + 1) * rate // target + rate + 1
 
 

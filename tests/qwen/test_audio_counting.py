@@ -136,3 +136,14 @@ def test_a_clip_too_short_to_resample_to_a_sample_is_empty():
     with pytest.raises(BadSampleError) as err:
         probe_audio(_wav(1, 16, 1, bytes(60), rate=800_000))
     assert err.value.reason == "empty_audio"
+
+
+def test_a_dithering_extractor_is_refused():
+    """Dither adds noise to the features (the released Qwen-Omni processors use 0.0): refused, with the fix."""
+    from transformers import WhisperFeatureExtractor
+
+    from energon_pack.qwen.audio import AudioSpec, audio_features
+
+    extractor = WhisperFeatureExtractor(feature_size=128, chunk_length=300, dither=0.5)
+    with pytest.raises(ValueError, match=r"dither=0.5.*fix: load the processor with dither=0.0"):
+        audio_features(np.zeros(1600, np.float32), extractor, AudioSpec())

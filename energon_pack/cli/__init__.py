@@ -388,9 +388,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audio.add_argument(
         "--audio-clips", type=int_at_least(0), default=40,
-        help="speech-like clips of 1-30 s (WAV, FLAC, MP3, AAC/M4A, Ogg/Opus in turn; some chats hear two)",
+        help="speech-like clips (--clip-seconds long, --audio-formats in turn; every fifth audio chat hears two)",
     )
     audio.add_argument("--sound-videos", type=int_at_least(0), default=6, help="videos of 4-12 s heard with their sound")
+    audio.add_argument(
+        "--clip-seconds", type=positive_float, nargs=2, default=(1.0, 30.0), metavar=("SHORTEST", "LONGEST"),
+        help="clip lengths, uniform between these seconds",
+    )
+    audio.add_argument(
+        "--audio-formats", default="wav_s16,flac,mp3,m4a_aac,ogg_opus",
+        help="the clips' formats in turn, comma-separated: wav_s16, wav_s16_44k_stereo, flac, mp3, m4a_aac, ogg_opus",
+    )
+    audio.add_argument("--images", type=int_at_least(0), default=4, help="chats about a JPEG image")
+    audio.add_argument("--images-heard", type=int_at_least(0), default=1, help="of those, chats that also hear a clip")
+    audio.add_argument("--text-chats", type=int_at_least(0), default=6, help="text-only chats of two turns")
     bench.set_defaults(func=_cmd_bench)
 
     plan = command("plan", "pack a whole split once (header-only), for a deterministic, elastic loader")

@@ -22,9 +22,11 @@ ratio holds on a noisy machine.
   eager design per model family on a mix of 12 MP phone photos, long 1080p clips and a 4K clip:
   samples/s, tokens/s, worker USS / RSS, efficiency against the floor, cores per GPU.
 - ``--media audio`` (`bench_audio_mix`, `audio_mix`): the loader stage, ours against the eager design
-  per Omni family on a mix of speech-like clips of 1-30 s (WAV, FLAC, MP3, AAC/M4A, Ogg/Opus), videos
-  heard with their sound, images and text: samples/s, worker USS / RSS, and the audio frames the rows
-  carry against the sounds' real frames (eager pads every sound as the processor does).
+  per Omni family on a mix of speech-like clips of 1-30 s (WAV, FLAC, MP3, AAC/M4A, Ogg/Opus; WAV
+  44.1 kHz stereo on request), videos heard with their sound, images and text: samples/s, worker CPU s
+  per sample, worker USS / RSS, the audio frames the rows carry against the sounds' real frames
+  (eager pads every sound as the processor does), and ours against the floor of decoding,
+  resampling and featurising the sounds alone (`audio_floor`).
 - ``jpeg`` (`bench_jpeg`): the optional fast JPEG decode (``RowLayout.fast_jpeg_decode``, "ours")
   against the exact path ("HF"): images/s, max abs difference and PSNR of the patches.
 - ``prepare`` (`bench_prepare`): ``prepare`` from Parquet with embedded JPEGs against the same
@@ -36,7 +38,8 @@ ratio holds on a noisy machine.
   step imbalance from the rows' own FLOPs, today's order against balanced windows, beside the rank floor
   no order of the same rows goes below (not in ``--stage all``).
 - ``audio`` (`bench_audio`): Qwen2.5-Omni features of 1-30 s clips, their real frames against the
-  Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input.
+  Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input; then per
+  format, the length count and decode against PyAV alone and the features against torch.stft alone.
 """
 
 from __future__ import annotations

@@ -108,11 +108,14 @@ def test_weighted_blend_packs_rows_from_both_datasets_in_weight_ratio(blend_root
     root, keys = blend_root
     config = PackingConfig(seq_length=4096, buffer_size=8, num_workers=2, repeat=True)
     loader = get_packing_loader(root / "blend_metadataset.yaml", config, processor)
+    names = [source.name for source in loader.sources()]  # metadataset order, named by subflavor `source`
+    assert names == list(DATASETS) and [s.weight for s in loader.sources()] == [pytest.approx(2 / 3), pytest.approx(1 / 3)]
     counts: Counter[str] = Counter()
     for rows, row in enumerate(loader, start=1):
         assert set(row["__keys__"]) <= keys["image_chat"] | keys["video_chat"]
         sources = [_source(key) for key in row["__keys__"]]
         assert [flavors["source"] for flavors in row["__subflavors__"]] == sources  # subflavors reach the row
+        assert [names[index] for index in row["segment_source"].tolist()] == sources
         counts.update(sources)
         if rows == 20:
             break

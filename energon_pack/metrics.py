@@ -148,7 +148,9 @@ class RowMetrics:
     def from_loader(cls, loader: Any, **kwargs: Any) -> RowMetrics:
         """``RowMetrics`` of ``loader``'s sources (``PackingDataLoader`` or ``PlanDataLoader``), with
         ``data/audio frames per row`` when its rows are for a Qwen-Omni model."""
-        kwargs.setdefault("audio", "omni" in loader.family())
+        from energon_pack.qwen.family import OMNI_FAMILIES
+
+        kwargs.setdefault("audio", loader.family() in OMNI_FAMILIES)
         return cls(loader.sources(), **kwargs)
 
     def keys(self, *, with_loss: bool = True) -> list[str]:

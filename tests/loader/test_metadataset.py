@@ -9,6 +9,7 @@ weight (67%) fails the ratio check.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -144,3 +145,13 @@ def test_epochized_blend_epoch_yields_each_sample_its_repetitions_minus_skips(bl
     stats = loader.stats()
     assert stats["samples_in"] == sum(expected.values())
     assert sum((expected - counts).values()) == stats["skipped_total"]
+
+
+def test_in_batch_rows_of_a_blend_name_each_segments_source(blend_root, processor):
+    root, _ = blend_root
+    config = PackingConfig(seq_length=8192, num_workers=0, repeat=True, mode="in_batch", micro_batch_size=4,
+                           fixed_width=False, width_multiple=64)
+    with get_packing_loader(root / "blend_metadataset.yaml", config, processor) as loader:
+        names = [source.name for source in loader.sources()]
+        for row in itertools.islice(loader, 3):
+            assert [names[index] for index in row["segment_source"].tolist()] == [_source(key) for key in row["__keys__"]]

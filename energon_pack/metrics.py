@@ -240,13 +240,17 @@ class RowMetrics:
 
     def _skips_since_last_row(self, stats: Mapping[str, Any] | None) -> tuple[int, dict[str, int]]:
         """(samples read, skips by reason) that ``stats`` adds: per-row counts as they are (in-batch and
-        plan rows), a worker's cumulative snapshot less that worker's previous one."""
+        plan rows), a worker's cumulative snapshot less that worker's previous one. The first row seen
+        of a worker that emitted rows before (a resumed run) only sets the baseline: (0, {})."""
         if not stats:
             return 0, {}
         samples, skipped = int(stats.get("samples_in", 0)), dict(stats.get("skipped") or {})
         if stats.get("kind") == "row_counts":
             return samples, skipped
         worker = int(stats.get("worker_id", 0))
+        if worker not in self._last_counts and int(stats.get("rows", 1)) > 1:
+            self._last_counts[worker] = (samples, skipped)
+            return 0, {}
         last_samples, last_skipped = self._last_counts.get(worker, (0, {}))
         self._last_counts[worker] = (samples, skipped)
         return samples - last_samples, {reason: n - last_skipped.get(reason, 0) for reason, n in skipped.items()}

@@ -128,9 +128,13 @@ def test_skip_rates_are_per_row_deltas_of_each_worker_and_per_row_counts_as_they
         out = metrics.metrics({**row, "__stats__": stats})
         return out["data/skipped/all"].tolist(), out["data/skipped/overlong"].tolist()
 
-    assert skipped({"worker_id": 0, "samples_in": 10, "skipped": {"overlong": 1, "corrupt_image": 1}}) == ([2, 10], [1, 10])
-    assert skipped({"worker_id": 1, "samples_in": 4, "skipped": {}}) == ([0, 4], [0, 4])
-    assert skipped({"worker_id": 0, "samples_in": 16, "skipped": {"overlong": 3, "corrupt_image": 1}}) == ([2, 6], [2, 6])
+    first = {"worker_id": 0, "rows": 1, "samples_in": 10, "skipped": {"overlong": 1, "corrupt_image": 1}}
+    assert skipped(first) == ([2, 10], [1, 10])  # a worker's first row: everything it read so far
+    assert skipped({"worker_id": 1, "rows": 1, "samples_in": 4, "skipped": {}}) == ([0, 4], [0, 4])
+    assert skipped({"worker_id": 0, "rows": 2, "samples_in": 16, "skipped": {"overlong": 3, "corrupt_image": 1}}) == ([2, 6], [2, 6])
+    resumed = {"worker_id": 2, "rows": 40, "samples_in": 300, "skipped": {"overlong": 9}}
+    assert skipped(resumed) == ([0, 0], [0, 0])  # first seen after a resume: only the baseline
+    assert skipped({**resumed, "rows": 41, "samples_in": 304, "skipped": {"overlong": 10}}) == ([1, 4], [1, 4])
     plan_row = {"kind": "row_counts", "samples_in": 3, "skipped": {"overlong": 1}}
     assert skipped(plan_row) == skipped(plan_row) == ([1, 3], [1, 3])
     waited = metrics.metrics({**row, "__loader_wait_s__": 0.125})["data/loader wait s"]

@@ -2,10 +2,10 @@
 
 A tiny random-weight Qwen2.5-VL (2 text layers of width 64, a 2-block vision tower, the real
 vocabulary) trains on CPU on rows of a two-source blend (about 200 and about 700 real tokens a
-sample, the second with an image; generated once under the bench folder), W = 1024. Each row is trained twice, alternately: the plain step (forward with the row's
-positions and a THD mask, per-token loss with ``loss_mask``, backward, AdamW) and the same step
-plus ``RowMetrics.metrics`` on the per-token losses and ``RowMetrics.reduce`` (one step of one
-micro-batch). The table shows the median step of each, and the median time of the metrics calls
+sample, the second with an image; generated once under the bench folder), W = 1024. Each row is
+trained twice, alternately: the plain step (forward with the row's positions and a THD mask,
+per-token loss with ``loss_mask``, backward, AdamW) and the same step plus ``RowMetrics.metrics``
+on the per-token losses and ``RowMetrics.reduce`` (one step of one micro-batch). The table shows the median step of each, and the median time of the metrics calls
 alone with their share of the plain step: the figure behind "at most 1 %" in docs/metrics.md.
 """
 

@@ -165,7 +165,8 @@ class RowMetrics:
 
         ``token_loss``: per-token loss of the row's token positions (``token_loss[t]`` is the loss of
         predicting ``labels[t]``), [W] or [1, W]; with ``cp_size`` > 1, CP rank ``cp_rank``'s shard
-        [W / cp_size] in Transformer Engine's order (``rows.step.thd_partition_indices``): token figures
+        [W / cp_size] in Transformer Engine's order (``rows.step.thd_partition_indices``; the row itself
+        whole, or already split by ``to_device_batch(..., split_for_cp=True)``): token figures
         are then this shard's, and per-row figures are counted on CP rank 0 (zeros elsewhere), so
         sums over the CP group are the whole row's.
         """
@@ -190,10 +191,16 @@ class RowMetrics:
         padding = row["padding_mask"].reshape(-1)
         loss_mask = row["loss_mask"].reshape(-1)
         boundaries = row["cu_seqlens_q_padded"].to(torch.int64)
-        width = padding.numel()
+        width = int(row.get("total_tokens", padding.numel()))
+        if padding.numel() not in (width, width // cp_size):
+            raise ValueError(
+                f"the row's padding_mask has {padding.numel()} slots, neither its width W={width} nor a CP shard of "
+                f"W/{cp_size}; fix: pass the row as the loader gives it (or as to_device_batch returns it)"
+            )
         if cp_size > 1:
             positions = partition_positions(boundaries, width, cp_size, cp_rank)
-            padding, loss_mask = padding.index_select(0, positions), loss_mask.index_select(0, positions)
+            if padding.numel() == width:  # a whole row: this rank's shard of it (else already split_for_cp)
+                padding, loss_mask = padding.index_select(0, positions), loss_mask.index_select(0, positions)
         else:
             positions = torch.arange(width, device=padding.device)
         shard = positions.numel()

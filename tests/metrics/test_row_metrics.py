@@ -96,6 +96,20 @@ def test_every_figure_equals_the_per_segment_reference(specs, tail, reduction):
         assert combined.tolist() == pytest.approx(torch.nan_to_num(value).tolist(), rel=1e-5, abs=1e-5), key
 
 
+def test_a_row_already_split_for_cp_gives_the_shard_figures_of_the_whole_row():
+    from energon_pack.rows.step import thd_partition_indices, to_device_batch
+
+    row = row_of([(5, 0, 1), (7, 2, 2), (3, 1, 3)], 24, 4)
+    loss = torch.rand(24)
+    for rank in (0, 1):
+        shard_loss = loss[thd_partition_indices(row["cu_seqlens_q_padded"], 24, 2, rank)]
+        split = to_device_batch(row, "cpu", cp_size=2, cp_rank=rank, split_for_cp=True)
+        whole = RowMetrics(SOURCES).metrics(row, shard_loss, cp_size=2, cp_rank=rank)
+        assert all(torch.equal(value, whole[key]) for key, value in RowMetrics(SOURCES).metrics(split, shard_loss, cp_size=2, cp_rank=rank).items())
+    with pytest.raises(ValueError, match="padding_mask has 7 slots"):
+        RowMetrics(SOURCES).metrics({**row, "padding_mask": row["padding_mask"][:, :7]})
+
+
 def test_lm_loss_is_the_plain_token_mean_under_every_loss_reduction():
     specs = [(9, 0, 1), (3, 0, 2), (6, 1, 3)]
     loss = torch.linspace(0.5, 3.0, 24)

@@ -127,6 +127,12 @@ class RowMetrics:
         if not sources:
             raise ValueError("sources is empty: RowMetrics needs the loader's sources; fix: RowMetrics.from_loader(loader)")
         check_source_names(sources)
+        misplaced = [source.index for position, source in enumerate(sources) if source.index != position]
+        if misplaced:
+            raise ValueError(
+                f"sources with index {misplaced} are not at that position: row segment_source values index the list; "
+                "fix: pass every source of the loader, in order (loader.sources())"
+            )
         self.sources = list(sources)
         self.skip_reasons = tuple(skip_reasons)
         self.audio = audio

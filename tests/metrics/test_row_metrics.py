@@ -225,6 +225,8 @@ def test_bad_input_is_named_with_its_fix():
         source_infos(entries, "blend.yaml")
     with pytest.raises(SourceNameError):
         RowMetrics([dataclasses.replace(SOURCES[0]), dataclasses.replace(SOURCES[1], name="ocr")])
+    with pytest.raises(ValueError, match=r"index \[2\] are not at that position.*fix: pass every source"):
+        RowMetrics([SOURCES[0], SOURCES[2]])
 
 
 def test_source_names_are_safe_for_metric_keys():

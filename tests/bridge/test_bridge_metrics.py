@@ -1,13 +1,14 @@
 """Per-source metrics through Megatron-Bridge's own training step and logging (compatibility run).
 
-Two data-parallel ranks (gloo, CPU) each run Bridge's ``train_step`` with
-``energon_pack.bridge.forward_step`` in place of ``vlm_step.forward_step`` over 3 micro-batches,
-then Bridge's ``training_log`` writes through the ``SummaryWriter`` Bridge opens
-(``tests/support/bridge_train_step.py``: what runs and the CPU harness). The event file, read back
-with TensorBoard's ``EventAccumulator``, must hold every ``lm loss/<source>`` and ``data/...`` key
-equal to the per-sample truth (each packed sample's tokens grouped by its source, from the rows'
-``__subflavors__`` and the stand-in model's per-token losses) and to ``RowMetrics`` reduced on the
-host over the same rows; Bridge's ``lm loss`` stays the plain token mean over the global batch.
+Two ranks (gloo, CPU) run Bridge's ``train_step`` with ``energon_pack.bridge.forward_step`` in place
+of ``vlm_step.forward_step`` over 3 micro-batches, then Bridge's ``training_log`` writes through the
+``SummaryWriter`` Bridge opens (``tests/support/bridge_train_step.py``: what runs and the CPU
+harness): once as a data-parallel group (each rank its own rows), once as a context-parallel group
+(both ranks the same rows, each its shard). The event file, read back with TensorBoard's
+``EventAccumulator``, must hold every ``lm loss/<source>`` and ``data/...`` key equal to the
+per-sample truth (each packed sample's tokens grouped by its source, from the rows' ``__subflavors__``
+and the stand-in model's per-token losses) and to ``RowMetrics`` reduced on the host over the same
+rows; Bridge's ``lm loss`` stays the plain token mean over the global batch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from energon_pack.config import PackingConfig
+from energon_pack.config import PackingConfig, ParallelTopology
 from energon_pack.data.blend_mix import BlendSource, make_blend
 from energon_pack.loader import get_packing_loader
 from energon_pack.metrics import RowMetrics
@@ -46,22 +47,26 @@ SOURCES = (
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict[str, Any]:
-    """Rows of a 3-source token blend, dealt to the ranks; both ranks' results and the event file."""
+    """Rows of a 3-source token blend (dealt to the ranks; and aligned for CP=2), both ranks' results
+    and the event files of the two steps."""
     work = tmp_path_factory.mktemp("bridge_metrics")
-    blend = make_blend(work / "data", SOURCES, weights=[1, 1, 1])
-    config = PackingConfig(seq_length=W, num_workers=0, repeat=True, blend_unit="tokens")
-    with get_packing_loader(str(blend), config, load_processor()) as loader:
-        rows = list(itertools.islice(loader, MICRO_BATCHES * WORLD_SIZE))
-        sources, family = loader.sources(), loader.family()
-    per_rank = [rows[rank::WORLD_SIZE] for rank in range(WORLD_SIZE)]
-    out, board = work / "out", work / "tensorboard"
-    out.mkdir()
+    blend, processor = make_blend(work / "data", SOURCES, weights=[1, 1, 1]), load_processor()
+
+    def rows_of(count: int, **overrides: Any) -> tuple[list[dict[str, Any]], list[Any], str]:
+        config = PackingConfig(seq_length=W, num_workers=0, repeat=True, blend_unit="tokens", **overrides)
+        with get_packing_loader(str(blend), config, processor) as loader:
+            return list(itertools.islice(loader, count)), loader.sources(), loader.family()
+
+    rows, sources, family = rows_of(MICRO_BATCHES * WORLD_SIZE)
+    cp_rows, _, _ = rows_of(MICRO_BATCHES, topology=ParallelTopology(cp=WORLD_SIZE))
+    dp_rows = [rows[rank::WORLD_SIZE] for rank in range(WORLD_SIZE)]
+    out = work / "out"
     torch.multiprocessing.start_processes(
         bridge_train_step.run_rank, nprocs=WORLD_SIZE, start_method="spawn",
-        args=(bridge_train_step.free_port(), per_rank, sources, family, str(board), str(out)),
+        args=(bridge_train_step.free_port(), dp_rows, cp_rows, sources, family, str(out)),
     )
     results = [json.loads((out / f"rank{rank}.json").read_text(encoding="utf-8")) for rank in range(WORLD_SIZE)]
-    return {"per_rank": per_rank, "sources": sources, "family": family, "results": results, "board": board}
+    return {"dp_rows": dp_rows, "cp_rows": cp_rows, "sources": sources, "family": family, "results": results, "out": out}
 
 
 def logged_scalars(board: Path) -> dict[str, float]:
@@ -98,12 +103,21 @@ def per_sample_truth(rows: list[dict[str, Any]], names: list[str]) -> dict[str, 
     return truth
 
 
-def test_bridge_logs_per_source_metrics_equal_to_the_truth(run):
-    results, rows = run["results"], [row for rank_rows in run["per_rank"] for row in rank_rows]
+@pytest.mark.parametrize("step", ["dp", "cp"])
+def test_bridge_logs_per_source_metrics_equal_to_the_truth(run, step):
+    """``dp``: two data-parallel ranks, 3 rows each; ``cp``: one context-parallel group of two ranks
+    on 3 rows, each rank reporting its shard. Either way the logged figures are the global batch's."""
     names = [source.name for source in run["sources"]]
+    results = [result[step] for result in run["results"]]
+    # What each rank read, and the rows whose metrics count (CP: per-row figures on CP rank 0 only).
+    if step == "dp":
+        rank_rows, counted = run["dp_rows"], [0, 1]
+    else:
+        rank_rows, counted = [run["cp_rows"]] * WORLD_SIZE, [0]
+    rows = [row for rank in counted for row in rank_rows[rank]]
     assert names == ["chat", "docs", "ocr"] and all(result["skipped"] == 0 for result in results)
     assert results[0]["loss_reduced"] == results[1]["loss_reduced"]  # reduced over both ranks
-    logged = logged_scalars(run["board"])
+    logged = logged_scalars(run["out"] / step)
 
     # Bridge's own "lm loss": the token mean of the per-token losses over the global batch, unchanged.
     losses = [float((token_losses(r["labels"]) * r["loss_mask"]).sum()) for r in rows]
@@ -112,12 +126,12 @@ def test_bridge_logs_per_source_metrics_equal_to_the_truth(run):
     truth = per_sample_truth(rows, names)
     assert {key: logged[key] for key in truth} == pytest.approx(truth, rel=1e-5)
 
-    # Every key RowMetrics gives, as each rank's RowMetrics computes it from its own rows (the wait
-    # each rank measured included), reduced on the host: logged as it is.
+    # Every key RowMetrics gives, as one RowMetrics per rank computes it from that rank's rows (the
+    # loader wait the rank measured included), on whole rows, reduced on the host: logged as it is.
     reference = []
-    for rank, rank_rows in enumerate(run["per_rank"]):
+    for rank in counted:
         metrics = RowMetrics(run["sources"], audio="omni" in run["family"])
-        for row, wait in zip(rank_rows, results[rank]["loader_wait_s"]):
+        for row, wait in zip(rank_rows[rank], results[rank]["loader_wait_s"]):
             reference.append(metrics.metrics({**row, "__loader_wait_s__": wait}, token_losses(row["labels"])))
     expected = RowMetrics.reduce(reference)
     assert set(expected) <= set(logged) and "data/skipped/overlong" in expected and "data/loader wait s" in expected

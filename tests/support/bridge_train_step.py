@@ -6,7 +6,8 @@ Megatron-Core's ``forward_backward_no_pipelining`` over the step's micro-batches
 ``losses_reduced`` with its all-reduce over the data-parallel x context-parallel group), our
 ``energon_pack.bridge.forward_step`` around ``training.vlm_step.forward_step``, and
 ``training.utils.train_utils.training_log`` writing through the ``SummaryWriter`` that Bridge's
-``GlobalState`` opens on the last rank.
+``GlobalState`` opens on the last rank. Two steps: with the two ranks as a data-parallel group
+(each its own rows), then as a context-parallel group (both the same rows, each its shard).
 
 CPU harness (the minimum, nothing else replaced): the gloo process group; ``Tensor.cuda`` returns
 the tensor; the tensor factories that Bridge and Megatron-Core call with ``device="cuda"`` (or
@@ -14,7 +15,8 @@ the tensor; the tensor factories that Bridge and Megatron-Core call with ``devic
 stand-ins that report a successful step (no parameters to update matter here); the model is a
 stand-in with the forward signature of Bridge's ``Qwen25VLModel`` whose per-token losses are a fixed
 function of the labels times one trainable scale (``token_losses``), so the reference can compute
-them on the host. Rows are replayed from a real loader through :class:`PackingIterator`
+them on the host; under context parallelism it returns, as Bridge's VLM models do, its CP rank's
+shard of the losses and of ``loss_mask`` (Transformer Engine's THD split, ``thd_partition_indices``). Rows are replayed from a real loader through :class:`PackingIterator`
 (``ReplayLoader``: the rows this rank would read, and that loader's ``sources()``).
 """
 
@@ -91,7 +93,8 @@ def cuda_on_cpu() -> Iterator[None]:
 
 
 class QwenVLLossStandIn(torch.nn.Module):
-    """Stands in for Bridge's Qwen25VLModel: per-token losses ``scale * token_losses(labels)`` [1, W]."""
+    """Stands in for Bridge's Qwen25VLModel: per-token losses ``scale * token_losses(labels)`` [1, W];
+    under context parallelism ``(losses, loss_mask)`` of this CP rank's shard [1, W / cp]."""
 
     def __init__(self, forward_signature: inspect.Signature) -> None:
         super().__init__()
@@ -103,8 +106,18 @@ class QwenVLLossStandIn(torch.nn.Module):
         self.scale = torch.nn.Parameter(torch.ones(()))
         type(self).forward.__signature__ = forward_signature
 
-    def forward(self, **kwargs: Any) -> torch.Tensor:
-        return self.scale * token_losses(kwargs["labels"])
+    def forward(self, **kwargs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        from megatron.core import parallel_state
+
+        from energon_pack import thd_partition_indices
+
+        losses = self.scale * token_losses(kwargs["labels"])
+        cp = parallel_state.get_context_parallel_world_size()
+        if cp == 1:
+            return losses
+        starts = kwargs["packed_seq_params"].cu_seqlens_q_padded
+        keep = thd_partition_indices(starts, losses.shape[-1], cp, parallel_state.get_context_parallel_rank())
+        return losses[:, keep], kwargs["loss_mask"][:, keep]
 
     def zero_grad_buffer(self) -> None:
         self.scale.grad = None
@@ -123,7 +136,7 @@ class StepStandIn:
         return True, None, None
 
 
-def bridge_config(tensorboard_dir: str, micro_batches: int, width: int) -> types.SimpleNamespace:
+def bridge_config(tensorboard_dir: str, micro_batches: int, width: int, data_parallel: int) -> types.SimpleNamespace:
     """The config sections ``train_step`` and ``training_log`` read: Bridge's own section classes
     at their defaults where Bridge has them, logging every step to TensorBoard only."""
     from megatron.bridge.training.config import LoggerConfig, RerunStateMachineConfig, TrainingConfig
@@ -131,7 +144,7 @@ def bridge_config(tensorboard_dir: str, micro_batches: int, width: int) -> types
     from megatron.core.optimizer import OptimizerConfig
 
     return types.SimpleNamespace(
-        train=TrainingConfig(micro_batch_size=1, global_batch_size=micro_batches * WORLD_SIZE, train_iters=1),
+        train=TrainingConfig(micro_batch_size=1, global_batch_size=micro_batches * data_parallel, train_iters=1),
         logger=LoggerConfig(tensorboard_dir=tensorboard_dir, tensorboard_log_interval=1, log_interval=1000,
                             timing_log_level=0),
         optimizer=OptimizerConfig(),
@@ -141,16 +154,19 @@ def bridge_config(tensorboard_dir: str, micro_batches: int, width: int) -> types
         dataset=types.SimpleNamespace(dataloader_type="external", seq_length=width),
         rerun_state_machine=RerunStateMachineConfig(check_for_nan_in_loss=True, check_for_spiky_loss=False),
         profiling=None,
-        data_parallel_size=WORLD_SIZE,
+        data_parallel_size=data_parallel,
     )
 
 
-def run_rank(rank: int, port: int, rows: list[list[dict[str, Any]]], sources: list[Any], family: str,
-             tensorboard_dir: str, out_dir: str) -> None:
-    """Rank ``rank`` of ``WORLD_SIZE``: one ``train_step`` over ``rows[rank]`` (its micro-batches),
-    then ``training_log``; then ``forward_step`` on a row without ``segment_source``. Writes
-    ``out_dir/rank{rank}.json``: ``train_step``'s reduced dict, the loader waits ``PackingIterator``
-    measured per row, and the error of that last call."""
+def run_rank(rank: int, port: int, dp_rows: list[list[dict[str, Any]]], cp_rows: list[dict[str, Any]],
+             sources: list[Any], family: str, out_dir: str) -> None:
+    """Rank ``rank`` of ``WORLD_SIZE``. Step ``dp``: the ranks are a data-parallel group, this rank
+    trains on ``dp_rows[rank]``; then ``forward_step`` on a row without ``segment_source``. Step
+    ``cp``: the ranks are one context-parallel group, both train on ``cp_rows`` (rows aligned for
+    CP=2). Each step is one ``train_step`` (its micro-batches: the rows) and ``training_log`` into
+    ``out_dir/<step>/``. Writes ``out_dir/rank{rank}.json``: per step, ``train_step``'s reduced dict and
+    the loader waits ``PackingIterator`` measured per row; the error of the call without
+    ``segment_source``."""
     from tests.support.bridge_imports import import_bridge_modules
 
     with cuda_on_cpu():
@@ -158,7 +174,10 @@ def run_rank(rank: int, port: int, rows: list[list[dict[str, Any]]], sources: li
         from megatron.bridge.training import train as bridge_train
         from megatron.bridge.training.utils import train_utils
         from megatron.core import parallel_state
-        from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+        from megatron.core.num_microbatches_calculator import (
+            destroy_num_microbatches_calculator,
+            init_num_microbatches_calculator,
+        )
         from megatron.core.pipeline_parallel.schedules import forward_backward_no_pipelining
         from megatron.core.process_groups_config import ProcessGroupCollection
         from megatron.core.rerun_state_machine import RerunDataIterator
@@ -168,39 +187,42 @@ def run_rank(rank: int, port: int, rows: list[list[dict[str, Any]]], sources: li
         torch.distributed.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
         )
-        parallel_state.initialize_model_parallel(1, 1)
-        micro_batches = len(rows[rank])
-        width = int(rows[rank][0]["input_ids"].shape[-1])
-        init_num_microbatches_calculator(rank, None, micro_batches * WORLD_SIZE, 1, WORLD_SIZE)
-        state = modules.state.GlobalState()
-        state._cfg = bridge_config(tensorboard_dir, micro_batches, width)
         model = QwenVLLossStandIn(inspect.signature(modules.qwen25_vl.Qwen25VLModel.forward))
-        groups = ProcessGroupCollection.use_mpu_process_groups()
-        data = RerunDataIterator(PackingIterator(ReplayLoader(rows[rank], sources, family)))
         stand_in = StepStandIn()
-        loss_reduced, skipped, *_ = bridge_train.train_step(
-            train_utils.prepare_forward_step_func(forward_step, state), data, [model], stand_in, stand_in,
-            state, groups, forward_backward_no_pipelining, None,
-        )
-        state.train_state.step = 1
-        train_utils.training_log(
-            loss_reduced, {}, None, None, 1.0, False, skipped, None, None, None, state.cfg, state, [], [model],
-            pg_collection=groups,
-        )
-        if state.tensorboard_logger is not None:
-            state.tensorboard_logger.close()
-        old_row = {key: value for key, value in rows[rank][0].items() if key != "segment_source"}
-        try:
-            forward_step(state, RerunDataIterator(PackingIterator(ReplayLoader([old_row], sources, family))), model)
-            refused = "nothing raised"
-        except Exception as err:  # noqa: BLE001 - the test reads which error it was
-            refused = f"{type(err).__name__}: {err}"
-        result = {
-            "skipped": skipped,
-            "loss_reduced": {key: float(value) for key, value in loss_reduced.items()},
-            "loader_wait_s": [row["__loader_wait_s__"] for row in rows[rank]],
-            "row_without_segment_source": refused,
-        }
+        result: dict[str, Any] = {}
+        for step, rows, cp in (("dp", dp_rows[rank], 1), ("cp", cp_rows, WORLD_SIZE)):
+            data_parallel = WORLD_SIZE // cp
+            parallel_state.initialize_model_parallel(1, 1, context_parallel_size=cp)
+            init_num_microbatches_calculator(rank, None, len(rows) * data_parallel, 1, data_parallel)
+            state = modules.state.GlobalState()
+            width = int(rows[0]["input_ids"].shape[-1])
+            state._cfg = bridge_config(str(Path(out_dir, step)), len(rows), width, data_parallel)
+            groups = ProcessGroupCollection.use_mpu_process_groups()
+            data = RerunDataIterator(PackingIterator(ReplayLoader(rows, sources, family)))
+            loss_reduced, skipped, *_ = bridge_train.train_step(
+                train_utils.prepare_forward_step_func(forward_step, state), data, [model], stand_in, stand_in,
+                state, groups, forward_backward_no_pipelining, None,
+            )
+            state.train_state.step = 1
+            train_utils.training_log(
+                loss_reduced, {}, None, None, 1.0, False, skipped, None, None, None, state.cfg, state, [], [model],
+                pg_collection=groups,
+            )
+            if state.tensorboard_logger is not None:
+                state.tensorboard_logger.close()
+            result[step] = {
+                "skipped": skipped,
+                "loss_reduced": {key: float(value) for key, value in loss_reduced.items()},
+                "loader_wait_s": [row["__loader_wait_s__"] for row in rows],
+            }
+            if step == "dp":
+                old_row = {key: value for key, value in rows[0].items() if key != "segment_source"}
+                try:
+                    forward_step(state, RerunDataIterator(PackingIterator(ReplayLoader([old_row], sources, family))), model)
+                    result["row_without_segment_source"] = "nothing raised"
+                except Exception as err:  # noqa: BLE001 - the test reads which error it was
+                    result["row_without_segment_source"] = f"{type(err).__name__}: {err}"
+            destroy_num_microbatches_calculator()
+            parallel_state.destroy_model_parallel()
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
-        parallel_state.destroy_model_parallel()
         torch.distributed.destroy_process_group()

@@ -35,6 +35,8 @@ ratio holds on a noisy machine.
 - ``balance`` (`bench_balance`): balanced steps without a plan on real loaders of several ranks:
   step imbalance from the rows' own FLOPs, today's order against balanced windows, beside the rank floor
   no order of the same rows goes below (not in ``--stage all``).
+- ``metrics`` (`bench_metrics`): a training step of a tiny Qwen2.5-VL on CPU with and without
+  ``RowMetrics``, and the share of the step the metrics calls take (not in ``--stage all``).
 - ``audio`` (`bench_audio`): Qwen2.5-Omni features of 1-30 s clips, their real frames against the
   Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input.
 """
@@ -55,6 +57,7 @@ from energon_pack.tools.bench_audio import bench_audio
 from energon_pack.tools.bench_audio_mix import audio_bench_options, bench_audio_mix
 from energon_pack.tools.bench_jpeg import bench_jpeg
 from energon_pack.tools.bench_loader import LoaderBenchOptions, bench_loader, loader_options
+from energon_pack.tools.bench_metrics import bench_metrics
 from energon_pack.tools.bench_plan import bench_plan, plan_options
 from energon_pack.tools.bench_postencode import bench_postencode
 from energon_pack.tools.bench_preencode import bench_preencode
@@ -78,12 +81,14 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "blend": bench_blend,
     "balance": bench_balance,
     "audio": bench_audio,
+    "metrics": bench_metrics,
 }
 #: Stages whose benchmark takes options from the command line and prints its own tables.
 OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "loader": loader_options, "plan": plan_options, "foreign": lambda args: None, "prepare": prepare_options,
     "blend": blend_options,
     "balance": balance_options,
+    "metrics": lambda args: None,
 }
 #: Stages of ``--stage all``, in run order.
 STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "audio")

@@ -214,3 +214,39 @@ def test_source_names_are_safe_for_metric_keys():
     assert source_name("/d/x", {"source": "chat en/zh"}) == "chat_en_zh"
     assert source_name("msc://bucket/sets/vqa") == "vqa"
     assert source_name("/d/Blend.YAML") == "Blend"
+
+
+def test_energon_metadatasets_have_no_name_field_so_the_source_subflavor_names_an_entry(tmp_path):
+    """Energon 7.4's MetadatasetV2 refuses ``name:`` on a blend entry: names come from the subflavor
+    ``source`` (docs/metrics.md), else the dataset folder."""
+    from megatron.energon.metadataset import load_dataset
+
+    entry = "      - weight: 1\n        path: ./a\n"
+    head = "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+    (tmp_path / "named.yaml").write_text(head + entry + "        name: ocr\n", encoding="utf-8")
+    (tmp_path / "flavored.yaml").write_text(head + entry + "        subflavors: {source: ocr}\n", encoding="utf-8")
+    with pytest.raises(Exception, match="BlendJoinDatasetReference"):  # no entry type takes a name
+        load_dataset(tmp_path / "named.yaml")
+    with pytest.raises(FileNotFoundError):  # the same entry with the subflavor is valid: only ./a is missing
+        load_dataset(tmp_path / "flavored.yaml")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_no_synchronisation_on_a_cuda_device():
+    from energon_pack.rows.step import to_device_batch
+
+    row = row_of([(5, 0, 1), (7, 2, 2), (3, 1, 3)], 24, 4)
+    row["__stats__"], row["__loader_wait_s__"] = {"worker_id": 0, "samples_in": 4, "skipped": {"overlong": 1}}, 0.5
+    batch = to_device_batch(row, "cuda")
+    loss = torch.rand(24, device="cuda")
+    metrics = RowMetrics(SOURCES)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        on_device = metrics.metrics(batch, loss)
+        shard = metrics.metrics(batch, loss[:12], cp_size=2, cp_rank=1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(v.device.type == "cuda" for v in (*on_device.values(), *shard.values()))
+    on_host = RowMetrics(SOURCES).metrics(row, loss.cpu())
+    assert all(torch.allclose(on_device[k].cpu(), on_host[k]) for k in on_host)

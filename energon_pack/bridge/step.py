@@ -84,7 +84,20 @@ def loss_with_row_metrics(
     """Bridge's loss on ``output_tensor`` (per-token losses [1, W], or with CP the model's
     ``(losses of the shard, its loss_mask)``), its reporting dict extended by the row's metrics."""
     loss, num_tokens, report = bridge_loss(output_tensor, **kwargs)
-    token_loss = output_tensor[0] if isinstance(output_tensor, tuple) else output_tensor
-    extra = metrics.metrics(row, token_loss.detach(), cp_size=cp_size, cp_rank=cp_rank)
+    token_loss = (output_tensor[0] if isinstance(output_tensor, tuple) else output_tensor).detach()
+    extra = metrics.metrics(on_device(row, token_loss.device), token_loss, cp_size=cp_size, cp_rank=cp_rank)
     return loss, num_tokens, {**report, **extra}
+
+
+def on_device(row: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """``row`` with its top-level tensors on ``device`` (non-blocking host-to-device copies: no
+    synchronisation), so that its metrics are computed, and all-reduced by Bridge, where the losses are.
+
+    Example: a host row and CUDA losses -> ``input_ids``, ``loss_mask``, ``cu_seqlens_q_padded``,
+    ``segment_source``, ... on CUDA; ``visual_inputs``, ``__stats__`` as they are.
+    """
+    return {
+        key: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        for key, value in row.items()
+    }
 

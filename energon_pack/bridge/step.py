@@ -40,7 +40,7 @@ class RowsSeen(Iterator[dict[str, Any]]):
         row = next(self.data_iterator)
         if "segment_source" not in row:
             raise ValueError(
-                f"energon_pack.bridge.forward_step got a row without 'segment_source' (keys {sorted(row)}): "
+                f"energon_pack.bridge.forward_step got a row without 'segment_source' (samples {row.get('__keys__')}): "
                 "rows from an older energon_pack loader or another data pipeline carry no source per segment; "
                 "fix: build the rows with this energon_pack (PackingDatasetProvider or PackingIterator over "
                 "get_packing_loader), or train with megatron.bridge.training.vlm_step.forward_step"
@@ -58,9 +58,10 @@ def forward_step(
     (numerator, denominator) that Bridge's ``train_step`` sums over micro-batches, all-reduces
     over the data-parallel and context-parallel group and divides, and ``training_log`` writes.
 
-    ``data_iterator`` must yield through :class:`~energon_pack.bridge.PackingIterator` (it names the sources and times
-    the loader wait; Megatron-Core's ``RerunDataIterator`` around it is fine). Under context
-    parallelism the per-token losses are the CP rank's shard, reported as that shard's share.
+    ``data_iterator`` must yield through :class:`~energon_pack.bridge.PackingIterator` (it names
+    the sources and times the loader wait; Megatron-Core's ``RerunDataIterator`` around it is
+    fine). Under context parallelism the per-token losses are the CP rank's shard, reported as
+    that shard's share.
     Use: ``pretrain(cfg, forward_step)`` with ``cfg.dataset`` a
     :class:`~energon_pack.bridge.PackingDatasetProvider`.
     """

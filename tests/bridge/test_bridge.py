@@ -218,7 +218,8 @@ def test_config_without_a_packing_provider_asks_for_the_packing_config():
 def test_names_that_need_bridge_name_the_extra(name):
     import energon_pack.bridge
 
-    with pytest.raises(ImportError, match=rf"energon_pack.bridge.{name} needs Megatron-Bridge.*pip install 'energon-pack\[bridge\]'"):
+    fix = r"pip install 'energon-pack\[bridge\]'"
+    with pytest.raises(ImportError, match=rf"energon_pack.bridge.{name} needs Megatron-Bridge.*{fix}"):
         getattr(energon_pack.bridge, name)
 
 
@@ -240,7 +241,7 @@ def test_packing_iterator_of_finds_it_inside_wrappers(dataset, processor):
     wrapped = types.SimpleNamespace(iterable=types.SimpleNamespace(iterable=iterator))
     assert packing_iterator_of(iterator) is iterator and packing_iterator_of(wrapped) is iterator
     assert iterator.row_metrics.keys() == RowMetrics.from_loader(iterator.loader).keys()
-    with pytest.raises(TypeError, match="list_iterator does not yield through a PackingIterator.*fix: .*PackingIterator"):
+    with pytest.raises(TypeError, match="list_iterator does not yield through a PackingIterator.*fix:"):
         packing_iterator_of(iter([{}]))
 
 

@@ -32,7 +32,9 @@ from tests.support.bridge_train_step import WORLD_SIZE, token_losses
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("megatron.bridge") is None, reason="needs Megatron-Bridge (make test-compat)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("megatron.bridge") is None, reason="needs Megatron-Bridge (make test-compat)"
+    ),
 ]
 
 W = 384
@@ -66,7 +68,8 @@ def run(tmp_path_factory) -> dict[str, Any]:
         args=(bridge_train_step.free_port(), dp_rows, cp_rows, sources, family, str(out)),
     )
     results = [json.loads((out / f"rank{rank}.json").read_text(encoding="utf-8")) for rank in range(WORLD_SIZE)]
-    return {"dp_rows": dp_rows, "cp_rows": cp_rows, "sources": sources, "family": family, "results": results, "out": out}
+    return {"dp_rows": dp_rows, "cp_rows": cp_rows, "sources": sources, "family": family, "results": results,
+            "out": out}
 
 
 def logged_scalars(board: Path) -> dict[str, float]:
@@ -76,10 +79,9 @@ def logged_scalars(board: Path) -> dict[str, float]:
     (events,) = board.glob("events.out.tfevents.*")  # written by the last rank only
     accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
     accumulator.Reload()
-    return {
-        tag: accumulator.Scalars(tag)[0].value
-        for tag in accumulator.Tags()["scalars"] if not tag.endswith(" vs samples") and accumulator.Scalars(tag)[0].step == 1
-    }
+    points = {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()["scalars"] if not tag.endswith(" vs samples")}
+    assert all([point.step for point in series] == [1] for series in points.values())
+    return {tag: series[0].value for tag, series in points.items()}
 
 
 def per_sample_truth(rows: list[dict[str, Any]], names: list[str]) -> dict[str, float]:

@@ -16,8 +16,9 @@ stand-ins that report a successful step (no parameters to update matter here); t
 stand-in with the forward signature of Bridge's ``Qwen25VLModel`` whose per-token losses are a fixed
 function of the labels times one trainable scale (``token_losses``), so the reference can compute
 them on the host; under context parallelism it returns, as Bridge's VLM models do, its CP rank's
-shard of the losses and of ``loss_mask`` (Transformer Engine's THD split, ``thd_partition_indices``). Rows are replayed from a real loader through :class:`PackingIterator`
-(``ReplayLoader``: the rows this rank would read, and that loader's ``sources()``).
+shard of the losses and of ``loss_mask`` (Transformer Engine's THD split, ``thd_partition_indices``).
+Rows are replayed from a real loader through :class:`PackingIterator` (``ReplayLoader``: the rows
+this rank would read, and that loader's ``sources()``).
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ class QwenVLLossStandIn(torch.nn.Module):
         from megatron.core.enums import ModelType
         from megatron.core.transformer import TransformerConfig
 
-        self.config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, calculate_per_token_loss=True)
+        self.config = TransformerConfig(
+            num_layers=1, hidden_size=8, num_attention_heads=1, calculate_per_token_loss=True
+        )
         self.model_type = ModelType.encoder_or_decoder
         self.scale = torch.nn.Parameter(torch.ones(()))
         type(self).forward.__signature__ = forward_signature
@@ -218,7 +221,8 @@ def run_rank(rank: int, port: int, dp_rows: list[list[dict[str, Any]]], cp_rows:
             if step == "dp":
                 old_row = {key: value for key, value in rows[0].items() if key != "segment_source"}
                 try:
-                    forward_step(state, RerunDataIterator(PackingIterator(ReplayLoader([old_row], sources, family))), model)
+                    old_rows = RerunDataIterator(PackingIterator(ReplayLoader([old_row], sources, family)))
+                    forward_step(state, old_rows, model)
                     result["row_without_segment_source"] = "nothing raised"
                 except Exception as err:  # noqa: BLE001 - the test reads which error it was
                     result["row_without_segment_source"] = f"{type(err).__name__}: {err}"

@@ -166,6 +166,7 @@ def test_blend_unit_on_a_plain_dataset_changes_nothing(blends, processor):
     with get_packing_loader(plain, config(blend_unit="tokens"), processor) as loader:
         assert [row_digest(row) for _, row in zip(range(6), loader)] == expected
         assert loader.stats()["sources"] == []
+        assert [(source.index, source.name, source.weight) for source in loader.sources()] == [(0, "short", None)]
 
 
 def test_an_epochized_token_blend_spends_every_source_evenly(blends, processor):

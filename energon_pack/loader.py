@@ -248,6 +248,9 @@ class PackingDataLoader(SavableDataLoader):
         report["worker_peak_rss_bytes"] = max((s.get("peak_rss_bytes", 0) for s in snapshots), default=0)
         report["buffered_samples"] = sum(s.get("buffered_samples", 0) for s in snapshots)
         report["buffered_bytes"] = sum(s.get("buffered_bytes", 0) for s in snapshots)
+        # Samples read again by restore key in the workers' current processes (docs/balanced_steps.md).
+        report["restore_reads"] = sum(s.get("restore_reads", 0) for s in snapshots)
+        report["parked_reads"] = sum(s.get("parked_reads", 0) for s in snapshots)
         report["family"] = self.family()
         report["blend_unit"] = self.blend_unit
         report["sources"] = blend_sources(self.blend_entries, report["sources"]) if self.blend_entries else []

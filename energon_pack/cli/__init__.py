@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--media", choices=("synthetic", "realistic", "audio"), default="synthetic",
         help="synthetic: the bench mix of --samples; realistic: 12 MP phone photos, 1080p clips of 30 s to 5 min and "
-        "one 4K clip (generated once), ours vs eager per family (loader stage only; options below); audio: speech-like "
+        "one 4K clip (generated once), ours vs eager per family (loader stage; with --stage balance: plain vs balanced loaders' costs; options below); audio: speech-like "
         "clips of 1-30 s in five codecs, videos with sound, images and text (generated once), ours vs eager per Omni "
         "family (loader stage only; options below)",
     )

@@ -125,6 +125,9 @@ def run_bench(args: argparse.Namespace) -> int:
 def _run_media_mix(args: argparse.Namespace, work_dir: Path) -> int:
     """``bench --media realistic`` / ``--media audio``: the loader stage on the realistic mix
     (`bench_realistic`) or on the audio mix (`bench_audio_mix`)."""
+    if args.stage == "balance" and args.media == "realistic":
+        _print_tables(bench_balance(args.samples, work_dir, balance_options(args)))
+        return 0
     if args.stage not in ("all", "loader"):
         raise UsageError(
             f"--media {args.media} runs the loader stage, not --stage {args.stage}; fix: drop --stage or use --stage loader"

@@ -357,3 +357,24 @@ def test_a_scheduled_plan_shifts_its_shares_at_the_step(blend, processor):
 
     with pytest.raises(ResumeMismatchError, match="blend_step_rows"):
         loader(blend, processor, plan, config_of(blend_schedule=schedule, micro_batches_per_step=2))
+
+
+@pytest.mark.slow
+def test_plan_rows_name_their_sources_as_online_rows_do_and_log_the_same_keys(blend, processor, planned):
+    from energon_pack import RowMetrics
+
+    plan, config = planned
+    with loader(blend, processor, plan, config) as planned_rows:
+        row = next(iter(planned_rows))
+        sources = planned_rows.sources()
+        plan_keys = list(RowMetrics.from_loader(planned_rows).metrics(row))
+    assert [(s.index, s.name) for s in sources] == [(0, "short"), (1, "medium"), (2, "long")]
+    assert [s.weight for s in sources] == pytest.approx(WEIGHTS)
+    assert [sources[i].name for i in row["segment_source"].tolist()] == [s["source"] for s in row["__subflavors__"]]
+    with get_packing_loader(str(blend), config_of(repeat=True), processor) as online:
+        online_row = next(iter(online))
+        assert [(s.index, s.name) for s in online.sources()] == [(s.index, s.name) for s in sources]
+        assert [online.sources()[i].name for i in online_row["segment_source"].tolist()] == [
+            s["source"] for s in online_row["__subflavors__"]
+        ]
+        assert list(RowMetrics.from_loader(online).metrics(online_row)) == plan_keys

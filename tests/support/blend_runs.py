@@ -45,10 +45,14 @@ def row_sources(row: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def take_rows(loader: Iterable[dict[str, Any]], count: int) -> list[dict[str, Any]]:
-    """Per row: ``sources`` (``row_sources``), ``width`` and ``real`` tokens, for ``count`` rows."""
+def take_rows(loader: Iterable[dict[str, Any]], count: int, metrics: Any = None) -> list[dict[str, Any]]:
+    """Per row: ``sources`` (``row_sources``), ``width`` and ``real`` tokens, for ``count`` rows; with
+    ``metrics`` (a ``RowMetrics``) also ``logged``: the figures a trainer logs for a step of that one row."""
     return [
-        {"sources": row_sources(row), "width": int(row["input_ids"].shape[1]), "real": int(row["cu_seqlens_q"][-1])}
+        {
+            "sources": row_sources(row), "width": int(row["input_ids"].shape[1]), "real": int(row["cu_seqlens_q"][-1]),
+            **({} if metrics is None else {"logged": metrics.reduce([metrics.metrics(row)])}),
+        }
         for row in itertools.islice(loader, count)
     ]
 

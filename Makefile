@@ -11,7 +11,8 @@ PIP := $(PY) -m pip
 CONSTRAINTS := constraints/py311.txt
 
 # Compatibility run: Python 3.12 beside Megatron-Bridge 0.6.2 and transformers 5.12.1 (the
-# newest Bridge allows): golden token, pixel and rope tests, Bridge's own training-step code,
+# newest Bridge allows): golden token, pixel and rope tests, Bridge's own training-step code
+# (its train_step and training_log over two gloo ranks with our forward_step included),
 # and the install check. Python 3.12: pyenv's 3.12.x (its bare python3.12 shim needs
 # PYENV_VERSION), else python3.12 on PATH; override with PYTHON312=/path/to/python3.12.
 COMPAT_VENV := .venv-compat
@@ -26,7 +27,8 @@ COMPAT_TESTS := tests/qwen/test_rope.py tests/qwen/test_geometry.py tests/qwen/t
 	tests/golden/test_postencode.py::test_postencode_pixels_equal_hf_processor \
 	tests/golden/test_postencode.py::test_uint8_payload_normalises_to_the_float32_payload \
 	tests/golden/test_real_corpus.py tests/qwen/test_video_probe.py::test_rotation_rule_matches_transformers_load_video \
-	tests/rows/test_step.py tests/bridge/test_bridge_step.py tests/package/test_install.py tests/golden/test_tool_calls.py \
+	tests/rows/test_step.py tests/bridge/test_bridge_step.py tests/bridge/test_bridge_metrics.py tests/package/test_install.py \
+	tests/golden/test_tool_calls.py \
 	tests/formats/test_bridge_format_compat.py \
 	tests/data/test_parquet_input.py::test_a_datasets_save_to_disk_folder
 

@@ -22,6 +22,8 @@ _PUBLIC_NAMES = {
     "QwenVLPackingTaskEncoder": "energon_pack.runtime.task_encoder",
     "VisualInputs": "energon_pack.core.visual",
     "get_packing_loader": "energon_pack.loader",
+    "RowMetrics": "energon_pack.metrics",
+    "SourceInfo": "energon_pack.metrics",
     "to_device_batch": "energon_pack.rows.step",
     "thd_partition_indices": "energon_pack.rows.step",
     "SyntheticSpec": "energon_pack.data.synthetic",

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from energon_pack.config import DEFAULT_ROUND_ROWS, OLD_DEFAULT_BUFFER_SIZE, PackingConfig
+from energon_pack.core.token_rules import TOKEN_RULES_VERSION
 
 __all__ = [
     "ResumeMismatchError",
@@ -184,8 +185,12 @@ def encoder_fingerprint(encoder: Any) -> dict[str, Any]:
 
 def encoder_fingerprint_of(processor: Mapping[str, Any], vision: Any, rope: str) -> dict[str, Any]:
     """``encoder_fingerprint`` from its parts: a ``processor_fingerprint``, a ``VisionSpec`` and
-    the ``repr`` of a ``RopeSpec`` (as a processor card holds them, ``qwen.card``)."""
-    return {**processor, **{f"vision.{name}": value for name, value in vars(vision).items()}, "rope": rope}
+    the ``repr`` of a ``RopeSpec`` (as a processor card holds them, ``qwen.card``), plus the
+    ``token_rules`` version its tokens are counted with (``core.token_rules``)."""
+    return {
+        **processor, **{f"vision.{name}": value for name, value in vars(vision).items()}, "rope": rope,
+        "token_rules": TOKEN_RULES_VERSION,
+    }
 
 
 def dataset_config_fingerprint(dataset_config: Any) -> str:
@@ -219,7 +224,7 @@ def resume_fingerprint(
     """Everything exact resume of the online loader depends on, as one flat JSON-able dict
     (``dataset``: ``dataset_config_fingerprint``)."""
     return {
-        **config.fingerprint(),
+        **config.fingerprint(token_blend=getattr(encoder, "token_blend", False)),
         **encoder_fingerprint(encoder),
         "rank": rank,
         "world_size": world_size,
@@ -321,12 +326,13 @@ def plan_loader_fingerprint(
     plan_digest: str, config: PackingConfig, *, repeat: bool, balanced: bool = False
 ) -> dict[str, Any]:
     """What a plan loader's rows depend on besides the plan: its digest, the seed of the row order,
-    the row-building settings a plan leaves open and, when it deals balanced steps, the cost
-    window (the step size is checked by the balanced resume rule, not here)."""
+    the row-building settings a plan leaves open, the ``token_rules`` version and, when it deals
+    balanced steps, the cost window (the step size is checked by the balanced resume rule, not here)."""
     window = {"balance_window_steps": config.policy.balance_window_steps} if balanced else {}
     return {
         **window,
         "plan": plan_digest,
+        "token_rules": TOKEN_RULES_VERSION,
         "seed": config.seed,
         "repeat": repeat,
         "fixed_width": config.fixed_width,

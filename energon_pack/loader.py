@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,6 +34,7 @@ from energon_pack.config.blend import weights_problem
 from energon_pack.core.dataset_path import METADATASET_SUFFIXES, as_dataset_path, check_dataset_path
 from energon_pack.errors import UsageError
 from energon_pack.formats.dispatch import reading_formats
+from energon_pack.metrics import SourceInfo, source_infos
 from energon_pack.formats.sample_mapping import SampleMapping, loader_sample_mapping, mapping_name, resolve_mapping
 from energon_pack.runtime.pinning import pin_only_with_accelerator
 from energon_pack.plan.loader import PlanDataLoader, plan_data_loader
@@ -40,7 +42,7 @@ from energon_pack.qwen.rope import RopeSpec
 from energon_pack.runtime.balanced_stage import balance_report
 from energon_pack.runtime.state_check import check_loader_state, check_restored_type
 from energon_pack.runtime.inflight import naming_dead_workers
-from energon_pack.runtime.workers import frozen_gc
+from energon_pack.runtime.workers import frozen_gc, stop_workers_when_collected
 from energon_pack.runtime.stats import ROW_COUNTS, PackingStats, aggregate_stats, latest_snapshots, read_snapshots
 from energon_pack.runtime.task_encoder import BlendConfigError, QwenVLPackingTaskEncoder, WeightedBlendWithoutRepeatError
 
@@ -125,9 +127,14 @@ class PackingDataLoader(SavableDataLoader):
         blend_entries: Sequence[Mapping[str, Any]] = (),
         blend_unit: str = "samples",
         step_rows: int | None = None,
+        source_entries: Sequence[Mapping[str, Any]] = (),
+        dataset_path: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        #: The datasets ``row["segment_source"]`` numbers (``blend_entry`` each), and the dataset path.
+        self._source_entries = [dict(entry) for entry in source_entries]
+        self._dataset_path = dataset_path
         #: Rows of this rank per step (``micro_batches_per_step``) when it balances steps online: a
         #: state is saved after whole steps only. None: any row.
         self.step_rows = step_rows
@@ -150,6 +157,9 @@ class PackingDataLoader(SavableDataLoader):
         self.blend_entries = [dict(entry) for entry in blend_entries]
         self.blend_unit = blend_unit
         self._blend_warned = blend_unit != "samples" or not self.blend_entries
+        #: Stops the worker processes of the current iteration when this loader is garbage-collected
+        #: without ``close()`` (``runtime.workers.stop_workers_when_collected``); None without workers.
+        self._workers_finalizer: weakref.finalize | None = None
 
     def __len__(self) -> int:
         raise TypeError(
@@ -181,6 +191,7 @@ class PackingDataLoader(SavableDataLoader):
         # (num_workers=0) forks nothing, so it skips the collection.
         with frozen_gc(enabled=self.num_workers > 0):
             first = next(batches, None)
+        self._guard_workers()
         self._rows_in_iteration = 0
         if first is None:
             return
@@ -205,11 +216,21 @@ class PackingDataLoader(SavableDataLoader):
             self._blend_warned = True
             warnings.warn(message, BlendShareWarning, stacklevel=3)
 
+    def _guard_workers(self) -> None:
+        """Have the worker processes just started stopped promptly if this loader is dropped without
+        ``close()`` (a notebook cell run again): see ``stop_workers_when_collected``."""
+        iterator = self._iterator
+        if self._workers_finalizer is None and iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            self._workers_finalizer = stop_workers_when_collected(self, iterator)
+
     def _shutdown_workers(self) -> None:
         """Stop this loader's worker processes (torch keeps persistent workers until then)."""
         iterator, self._iterator = self._iterator, None
+        finalizer, self._workers_finalizer = self._workers_finalizer, None
+        if finalizer is not None:
+            finalizer()
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+            iterator._shutdown_workers()  # a no-op once the finalizer ran for it
 
     def close(self) -> None:
         """Stop the workers and remove the statistics folder; ``stats()`` keeps the last figures.
@@ -242,11 +263,24 @@ class PackingDataLoader(SavableDataLoader):
         report["worker_peak_rss_bytes"] = max((s.get("peak_rss_bytes", 0) for s in snapshots), default=0)
         report["buffered_samples"] = sum(s.get("buffered_samples", 0) for s in snapshots)
         report["buffered_bytes"] = sum(s.get("buffered_bytes", 0) for s in snapshots)
-        report["family"] = self.fingerprint["vision.family"]
+        # Samples read again by restore key in the workers' current processes (docs/balanced_steps.md).
+        report["restore_reads"] = sum(s.get("restore_reads", 0) for s in snapshots)
+        report["parked_reads"] = sum(s.get("parked_reads", 0) for s in snapshots)
+        report["family"] = self.family()
         report["blend_unit"] = self.blend_unit
         report["sources"] = blend_sources(self.blend_entries, report["sources"]) if self.blend_entries else []
         report.update(balance_report(snapshots))
         return report
+
+    def sources(self) -> list[SourceInfo]:
+        """The sources ``row["segment_source"]`` indexes: each metadataset entry (one for a plain
+        dataset) with its metric name, path, subflavors and weight (``energon_pack.metrics.source_infos``;
+        ``SourceNameError`` when two entries get the same name)."""
+        return source_infos(self._source_entries, self._dataset_path)
+
+    def family(self) -> str:
+        """The model family the rows are encoded for (e.g. ``"qwen2.5-vl"``)."""
+        return self.fingerprint["vision.family"]
 
     def save_state_rank(self) -> PackingLoaderState:
         if self.step_rows is not None and self._rows_in_iteration % self.step_rows:
@@ -431,6 +465,8 @@ def get_packing_loader(
         timeout=config.loader.timeout,
         blend_entries=task_encoder.blend_entries,
         blend_unit=config.policy.blend_unit,
+        source_entries=task_encoder.source_entries,
+        dataset_path=path,
         step_rows=config.trainer.micro_batches_per_step if online_balance_fingerprint(config) else None,
         **{"prefetch_factor": config.loader.prefetch_factor, **_gc_settings(config.loader.num_workers), **loader_kwargs},
     )

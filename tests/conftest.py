@@ -34,6 +34,22 @@ def processor_qwen35():
 
 
 @pytest.fixture(scope="session")
+def processor_qwen3_omni():
+    """The offline Qwen3-Omni processor with the released Instruct template (built in 4-11 s)."""
+    from energon_pack.qwen.processor import load_processor
+
+    return load_processor(family="qwen3-omni")
+
+
+@pytest.fixture(scope="session")
+def processor_qwen3_omni_thinking():
+    """The offline Qwen3-Omni processor with the released Thinking template."""
+    from energon_pack.qwen.processor import load_processor
+
+    return load_processor(family="qwen3-omni", variant="thinking")
+
+
+@pytest.fixture(scope="session")
 def processor_qwen35_saved(processor_qwen35, tmp_path_factory):
     """The offline Qwen3.5 processor saved as a Hugging Face folder beside a ``qwen3_5_moe``
     config.json, loaded back with ``load_processor(folder)``: transformers then rebuilds its own

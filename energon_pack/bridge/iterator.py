@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from functools import cached_property
 from typing import Any
 
 from energon_pack.loader import PackingDataLoader, PackingLoaderState
+from energon_pack.metrics import RowMetrics
 from energon_pack.plan.loader import PlanDataLoader, PlanLoaderState
 
-__all__ = ["PackingIterator"]
+__all__ = ["PackingIterator", "packing_iterator_of"]
 
 _STATE_CLASSES = {cls.__name__: cls for cls in (PackingLoaderState, PlanLoaderState)}
 
@@ -21,6 +24,9 @@ class PackingIterator:
     Bridge's own Energon data module does. Bridge's checkpointing calls :meth:`save_state`
     (one file per data-parallel rank) and, on resume, :meth:`restore_state` before the first
     ``next()``.
+
+    Each row carries ``row["__loader_wait_s__"]``: the seconds (float) this ``next()`` waited
+    for the loader, which :class:`~energon_pack.RowMetrics` reports as ``data/loader wait s``.
     """
 
     def __init__(self, loader: PackingDataLoader | PlanDataLoader) -> None:
@@ -31,7 +37,15 @@ class PackingIterator:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        return next(self._rows)
+        started = time.perf_counter()
+        row = next(self._rows)
+        row["__loader_wait_s__"] = time.perf_counter() - started
+        return row
+
+    @cached_property
+    def row_metrics(self) -> RowMetrics:
+        """The :class:`~energon_pack.RowMetrics` of this loader's sources (built on first use)."""
+        return RowMetrics.from_loader(self.loader)
 
     def save_state(self) -> dict[str, Any]:
         """The loader's state at this point of the stream (fingerprint included), as a plain dict.
@@ -71,3 +85,21 @@ class PackingIterator:
                     "the packing loader yielded no row in a whole epoch (every sample skipped, or an empty "
                     "split for this rank); fix: check loader.stats()['skipped'] and the dataset split"
                 )
+
+
+def packing_iterator_of(data_iterator: Any) -> PackingIterator:
+    """The :class:`PackingIterator` that ``data_iterator`` is or wraps (Megatron-Core's
+    ``RerunDataIterator`` keeps what it wraps as ``.iterable``).
+
+    Example: ``RerunDataIterator(PackingIterator(loader))`` -> that ``PackingIterator``.
+    """
+    found = data_iterator
+    while not isinstance(found, PackingIterator):
+        if not hasattr(found, "iterable"):
+            raise TypeError(
+                f"the data iterator {type(data_iterator).__name__} does not yield through a PackingIterator, "
+                "which names the rows' sources for the per-source metrics; fix: give Bridge "
+                "PackingDatasetProvider as cfg.dataset, or wrap your loader as PackingIterator(loader)"
+            )
+        found = found.iterable
+    return found

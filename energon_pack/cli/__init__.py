@@ -314,14 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "side-by-side speed and memory benchmarks against the plain Hugging Face path")
     bench.add_argument(
-        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "blend", "balance", "audio", "all"), default="all", help="which benchmark to run"
+        "--stage", choices=("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "blend", "balance", "audio", "metrics", "all"), default="all", help="which benchmark to run"
     )
     bench.add_argument("--samples", type=int, default=64, help="synthetic samples to benchmark on")
     add_working_folder(bench, "bench")
     bench.add_argument(
         "--media", choices=("synthetic", "realistic", "audio"), default="synthetic",
         help="synthetic: the bench mix of --samples; realistic: 12 MP phone photos, 1080p clips of 30 s to 5 min and "
-        "one 4K clip (generated once), ours vs eager per family (loader stage only; options below); audio: speech-like "
+        "one 4K clip (generated once), ours vs eager per family (loader stage; with --stage balance: plain vs balanced loaders' costs; options below); audio: speech-like "
         "clips of 1-30 s in five codecs, videos with sound, images and text (generated once), ours vs eager per Omni "
         "family (loader stage only; options below)",
     )
@@ -334,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--buffer-sizes", type=comma_separated_ints, default="16,64,256", help="buffer sizes, comma-separated"
     )
     loader.add_argument("--workers", type=int, default=2, help="Energon worker processes per loader")
+    loader.add_argument(
+        "--interleave-rows", type=int_at_least(0), default=1_000_000,
+        help="plan stage: synthetic rows of two sources whose metadataset row interleave is timed (0: none)",
+    )
     loader.add_argument(
         "--pixel-dtype", type=lambda text: text.split(","), default="float32,uint8",
         help="our pixel payloads, comma-separated (float32, uint8)",
@@ -394,9 +398,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audio.add_argument(
         "--audio-clips", type=int_at_least(0), default=40,
-        help="speech-like clips of 1-30 s (WAV, FLAC, MP3, AAC/M4A, Ogg/Opus in turn; some chats hear two)",
+        help="speech-like clips (--clip-seconds long, --audio-formats in turn; every fifth audio chat hears two)",
     )
     audio.add_argument("--sound-videos", type=int_at_least(0), default=6, help="videos of 4-12 s heard with their sound")
+    audio.add_argument(
+        "--clip-seconds", type=positive_float, nargs=2, default=(1.0, 30.0), metavar=("SHORTEST", "LONGEST"),
+        help="clip lengths, uniform between these seconds",
+    )
+    audio.add_argument(
+        "--audio-formats", default="wav_s16,flac,mp3,m4a_aac,ogg_opus",
+        help="the clips' formats in turn, comma-separated: wav_s16, wav_s16_44k_stereo, flac, mp3, m4a_aac, ogg_opus",
+    )
+    audio.add_argument("--images", type=int_at_least(0), default=4, help="chats about a JPEG image")
+    audio.add_argument("--images-heard", type=int_at_least(0), default=1, help="of those, chats that also hear a clip")
+    audio.add_argument("--text-chats", type=int_at_least(0), default=6, help="text-only chats of two turns")
     bench.set_defaults(func=_cmd_bench)
 
     plan = command("plan", "pack a whole split once (header-only), for a deterministic, elastic loader")

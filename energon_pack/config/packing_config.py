@@ -160,7 +160,7 @@ class PackingConfig:
 
     # ----------------------------------------------------------------------- resume fingerprint
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, *, token_blend: bool = False) -> dict[str, Any]:
         """The values exact resume depends on, as plain JSON-able values: those of the row layout,
         the packing policy and the loader options (not the declared trainer settings).
 
@@ -168,11 +168,12 @@ class PackingConfig:
         (``buffer_size`` None), an explicit ``buffer_size`` as itself (states of explicit configs
         saved before the default changed still resume). The loader extends this dict (world size,
         processor identity, pixel limits, ...) before storing it in the loader state;
-        ``check_resume_fingerprint`` compares two.
+        ``check_resume_fingerprint`` compares two. ``token_blend``: the rows come from a share blend
+        of tokens or supervised tokens, whose default round is one row (``TOKEN_BLEND_ROUND_ROWS``).
         """
         policy = self.policy.fingerprint()
         if self.policy.buffer_size is None and self.policy.buffer_tokens is None:
-            policy |= self.policy.resolved_round(self.row.seq_length)
+            policy |= self.policy.resolved_round(self.row.seq_length, token_blend=token_blend)
         if self.policy.blend_schedule is not None:  # a schedule's steps are counted in these
             policy["micro_batches_per_step"] = self.trainer.micro_batches_per_step or 1
         return {**self.row.fingerprint(), **policy, **self.loader.fingerprint()}

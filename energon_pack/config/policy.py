@@ -33,6 +33,12 @@ def micro_batch_problem(name: str, value: Any) -> str | None:
 #: width from 4096 to 32768 on the reference mix; 16 samples, the default before, fell to 96.5 % at 32768).
 DEFAULT_ROUND_ROWS = 2
 
+#: Rows of tokens per default round under a share blend of tokens or supervised tokens: the samples
+#: the packing stage holds between a draw and its row swing with the round, and a 25-row window's
+#: share swings with them (docs/configuration.md, "Windows of rows"); one row halves that at no
+#: fill cost measured (0.9998-1.0000 on the test blend).
+TOKEN_BLEND_ROUND_ROWS = 1
+
 #: What states saved before the default round changed hold: 16 samples per round.
 OLD_DEFAULT_BUFFER_SIZE = 16
 
@@ -131,15 +137,18 @@ class PackingPolicy:
             object.__setattr__(self, "blend_schedule", tuple(blend_point(p) for p in self.blend_schedule))
         raise_if_problems(type(self).__name__, self.problems())
 
-    def resolved_round(self, seq_length: int) -> dict[str, int | None]:
+    def resolved_round(self, seq_length: int, *, token_blend: bool = False) -> dict[str, int | None]:
         """When a round runs at row width ``seq_length``: ``buffer_size`` / ``buffer_tokens`` as set,
-        or by default ``DEFAULT_ROUND_ROWS * seq_length`` tokens.
+        or by default ``DEFAULT_ROUND_ROWS * seq_length`` tokens (``TOKEN_BLEND_ROUND_ROWS *
+        seq_length`` when ``token_blend``: the rows come from a share blend of tokens or supervised tokens).
 
         Example: ``PackingPolicy().resolved_round(8192)`` -> ``{"buffer_size": None, "buffer_tokens": 16384}``;
+        with ``token_blend=True`` -> ``{"buffer_size": None, "buffer_tokens": 8192}``;
         ``PackingPolicy(buffer_size=16).resolved_round(8192)`` -> ``{"buffer_size": 16, "buffer_tokens": None}``.
         """
         if self.buffer_size is None and self.buffer_tokens is None:
-            return {"buffer_size": None, "buffer_tokens": DEFAULT_ROUND_ROWS * seq_length}
+            rows = TOKEN_BLEND_ROUND_ROWS if token_blend else DEFAULT_ROUND_ROWS
+            return {"buffer_size": None, "buffer_tokens": rows * seq_length}
         return {"buffer_size": self.buffer_size, "buffer_tokens": self.buffer_tokens}
 
     def fingerprint(self) -> dict[str, Any]:

@@ -5,7 +5,8 @@ parts ``{"type": "text", "text": str}``, ``{"type": "image"}``, ``{"type": "vide
 ``{"type": "audio"}`` (Qwen-Omni, docs/omni.md). Media parts refer to the sample's images /
 videos / audios lists in order of appearance. An assistant message may
 also carry ``"reasoning_content": str`` (its thinking); templates with a thinking block (Qwen3.5 /
-Qwen3.6) render it inside ``<think>...</think>``, the others ignore it (docs/qwen35.md).
+Qwen3.6; Qwen3-Omni for the answers after the last text query) render it inside
+``<think>...</think>``, the others ignore it (docs/qwen35.md, docs/omni.md).
 
 Tool use, as Hugging Face chat templates take it (docs/on_disk_format.md, "Tool use and template
 options"): an assistant message may carry ``"tool_calls": [{"type": "function", "function":

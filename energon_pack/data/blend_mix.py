@@ -33,6 +33,8 @@ class BlendSource:
     name: dataset folder and subflavor ``source``. samples: records written (a weighted blend loops
     over them). mean_tokens: about how many real tokens a sample has (each sample within +-30 %).
     answer_fraction: the share of a sample's text in its answer (the supervised part).
+    answer_spread: each sample's share drawn uniformly within +- this of ``answer_fraction``
+    (clipped to 0.02..0.98): 0 gives every answer the same share of its sample.
     image_side: each sample has one square JPEG of this side (None: text only).
     """
 
@@ -40,6 +42,7 @@ class BlendSource:
     samples: int
     mean_tokens: int
     answer_fraction: float = 0.5
+    answer_spread: float = 0.0
     image_side: int | None = None
 
 
@@ -59,7 +62,10 @@ def write_source_records(raw_dir: Path, source: BlendSource, *, seed: int) -> Pa
         for index in range(source.samples):
             text_tokens = source.mean_tokens * rng.uniform(0.7, 1.3) - TEMPLATE_TOKENS - image_tokens
             words = max(2, int(text_tokens / TOKENS_PER_WORD))
-            answer = max(1, int(words * source.answer_fraction))
+            fraction = source.answer_fraction
+            if source.answer_spread:
+                fraction = min(0.98, max(0.02, fraction + rng.uniform(-source.answer_spread, source.answer_spread)))
+            answer = max(1, int(words * fraction))
             images = []
             if source.image_side is not None:
                 name = f"{source.name}_{index:05d}.jpg"

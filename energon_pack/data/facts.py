@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from energon_pack.core.token_rules import TOKEN_RULES_VERSION
 from energon_pack.formats.qwen_chat import chat_fields_from_parts
 from energon_pack.errors import BadSampleError
 from energon_pack.identity import processor_fingerprint
@@ -113,6 +114,8 @@ class FactsRecorder:
     ``processor``: also measure and record the text tokens of this processor (None: facts only).
     ``fingerprint``: without a processor, the ``identity.processor_fingerprint`` of the processor
     the recorded facts' text tokens were measured with (``energon-pack merge``; None: facts only).
+    Both files record this ``energon_pack``'s token-rules version (``core.token_rules``; ``merge``
+    refuses parts of another).
     """
 
     def __init__(self, processor: Any = None, *, fingerprint: dict[str, Any] | None = None) -> None:
@@ -223,12 +226,12 @@ class FactsRecorder:
                 sound_samples=sounds[:, 0], sound_from_header=sounds[:, 1].astype(np.uint8),
             )
             sound_meta = {"sound": {"sampling_rate": _SOUND_SPEC.sampling_rate, "counted_up_to": _SOUND_SPEC.max_samples}}
-        facts = Facts(meta={"format": FACTS_FORMAT, "shards": shards, "skip_reasons": reasons, **tables, **sound_meta},
-                      columns=columns)
+        facts = Facts(meta={"format": FACTS_FORMAT, "shards": shards, "skip_reasons": reasons, **tables, **sound_meta,
+                            "token_rules": TOKEN_RULES_VERSION}, columns=columns)
         facts.save(folder)
         if self.fingerprint is not None:
             TextTokens(
-                meta={"format": TOKENS_FORMAT, "processor": self.fingerprint,
+                meta={"format": TOKENS_FORMAT, "processor": self.fingerprint, "token_rules": TOKEN_RULES_VERSION,
                       "facts_digest": facts.digest, "skip_reasons": text_reasons},
                 columns={
                     "text_tokens": np.array([t for _, _, t, *_ in per_sample], dtype=np.int32),

@@ -1,8 +1,8 @@
 """``energon-pack merge OUT``: the metadata of a dataset written by ``prepare --part I/N`` runs.
 
 Each part run writes its shards and a part manifest (``prepare.PART_MANIFEST``: the part, the
-run's records digest and options, its shards' sizes, counts, media, problems and per-sample facts)
-into ``OUT``. Merge checks that all N parts of one run are there with their shards, then writes
+run's records digest and options, its shards' sizes, counts, media, problems and per-sample
+facts, and the token-rules version they were measured under) into ``OUT``. Merge checks that all N parts of one run are there with their shards, then writes
 Energon's index and ``split.yaml``, ``dataset.yaml`` and the facts sidecar, exactly as a single
 ``prepare`` does, and removes the manifests. Nothing reads the records or media again.
 """
@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from energon_pack.core.token_rules import recorded_rules, stale_rules
 from energon_pack.data.prepare import (
     PART_FORMAT,
     PART_MANIFEST,
@@ -80,7 +81,8 @@ def _check_folder(out_dir: str | Path) -> Path:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    """One part manifest; an unreadable one or of another format is a ``UsageError``."""
+    """One part manifest; an unreadable one, of another format or of other token rules
+    (``core.token_rules``: its facts hold other counts) is a ``UsageError``."""
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -96,6 +98,9 @@ def _load(path: Path) -> dict[str, Any]:
             f"part manifest {str(path)!r} describes part {manifest['part']}/{manifest['parts']}; fix: rerun that part "
             "instead of renaming manifests"
         )
+    stale = stale_rules(recorded_rules(manifest), f"part manifest {str(path)!r}")
+    if stale is not None:
+        raise UsageError(f"{stale}; fix: rerun prepare --part {manifest['part']}/{manifest['parts']} with this energon_pack")
     return manifest
 
 

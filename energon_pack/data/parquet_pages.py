@@ -173,6 +173,12 @@ def read_struct(stream: _Stream, depth: int = 0) -> dict[int, Any]:
             fields[last] = _read_value(stream, kind, depth)
 
 
+def parse_struct(data: bytes) -> dict[int, Any]:
+    """``read_struct`` of the bytes ``data`` (a Parquet footer's ``FileMetaData``); ``EOFError``
+    when they end inside the struct. Example: ``parse_struct(b"\\x15\\x04\\x00")`` -> ``{1: 2}``."""
+    return read_struct(_Stream(iter([data])))
+
+
 def _read_value(stream: _Stream, kind: int, depth: int) -> Any:
     if kind in (1, 2):  # a boolean list element: one byte
         return stream.byte() == 1

@@ -35,6 +35,7 @@ from itertools import count, islice, repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from energon_pack.data.parquet_footer import footer_problems
 from energon_pack.data.parquet_pages import CorruptPage, UnsupportedPage, leaf_items
 from energon_pack.errors import BadSampleError, UsageError
 
@@ -273,7 +274,8 @@ class _Layout:
 class _RowGroup(NamedTuple):
     """One row group of a Parquet file (``parquet``: the open ``ParquetFile``) or record batch of an
     Arrow file (``parquet`` None): its ``index`` in the file, first row (1-based over all files),
-    rows, and a reader of its record batches."""
+    rows, and a reader of its record batches; or a Parquet file whose footer is not opened, as
+    one row that is its ``unreadable_file`` skip (``unreadable``)."""
 
     path: Path
     parquet: Any
@@ -281,6 +283,7 @@ class _RowGroup(NamedTuple):
     first: int
     rows: int
     batches: Callable[[], Iterator[Any]]
+    unreadable: BadSampleError | None = None
 
 
 class TableInput:
@@ -291,6 +294,9 @@ class TableInput:
         self.files = table_files(path)
         if not self.files:
             raise UsageError(f"{str(path)!r} holds no .parquet file; fix: pass a Parquet file or a folder of them")
+        #: Why each Parquet file whose footer is unsafe to open is not read (``data.parquet_footer``):
+        #: pyarrow never opens it in this process; it counts as one ``unreadable_file`` row.
+        self.unreadable = footer_problems([file for file in self.files if file.suffix == ".parquet"])
         self.layout = self._detect(columns)
 
     def _schema_names(self, path: Path) -> list[str]:
@@ -302,27 +308,31 @@ class TableInput:
         return list(schema.names)
 
     def _detect(self, columns: TableColumns) -> _Layout:
-        names = self._schema_names(self.files[0])
+        readable = [file for file in self.files if file not in self.unreadable]
+        if not readable:
+            raise UsageError(f"{str(self.files[0])!r} does not open as a table ({self.unreadable[self.files[0]]}); fix: "
+                             "pass a Parquet file or a save_to_disk folder")
+        names = self._schema_names(readable[0])
         options = {"conversation": columns.conversation, "image": columns.image, "video": columns.video, "audio": columns.audio}
         for kind, name in options.items():
             if name and name not in names:
                 raise UsageError(
-                    f"--{kind}-column {name!r} is not a column of {str(self.files[0])!r} (columns: {', '.join(names)}); "
+                    f"--{kind}-column {name!r} is not a column of {str(readable[0])!r} (columns: {', '.join(names)}); "
                     f"fix: pass one of its columns"
                 )
         conversation = columns.conversation or next((n for n in CONVERSATION_COLUMNS if n in names), None)
         if conversation is None:
             raise UsageError(
-                f"{str(self.files[0])!r} has none of the conversation columns {', '.join(CONVERSATION_COLUMNS)} "
+                f"{str(readable[0])!r} has none of the conversation columns {', '.join(CONVERSATION_COLUMNS)} "
                 f"(columns: {', '.join(names)}); fix: name it with --conversation-column"
             )
         media = {kind: (options[kind] if options[kind] is not None else next((n for n in MEDIA_COLUMNS[kind] if n in names), None))
                  for kind in MEDIA_COLUMNS}
         layout = _Layout(conversation, {kind: column or None for kind, column in media.items()})
-        for path in self.files[1:]:
+        for path in readable[1:]:
             missing = [n for n in (conversation, *filter(None, layout.media.values())) if n not in self._schema_names(path)]
             if missing:
-                raise UsageError(f"{str(path)!r} has no column {missing[0]!r}, which {str(self.files[0])!r} has; "
+                raise UsageError(f"{str(path)!r} has no column {missing[0]!r}, which {str(readable[0])!r} has; "
                                  "fix: pass files of one table layout")
         return layout
 
@@ -350,7 +360,9 @@ class TableInput:
         handed back after each."""
         first = 1
         for path in self.files:
-            for group in self._groups(path, columns(path), first):
+            problem = self.unreadable.get(path)
+            groups = [_unreadable_file(path, first, problem)] if problem else self._groups(path, columns(path), first)
+            for group in groups:
                 if wanted(group.first, group.rows):
                     yield group
                     _release_unused()
@@ -360,6 +372,9 @@ class TableInput:
         """``(first row, rows, record batch or BadSampleError)`` over every row group; a group that
         fails to read gives one error for its rest."""
         for group in self._wanted_groups(columns, lambda first, rows: True):
+            if group.unreadable is not None:
+                yield group.first, group.rows, group.unreadable
+                continue
             done = 0
             try:
                 for batch in group.batches():
@@ -500,6 +515,14 @@ def _embedded(row: RowMedia) -> dict[tuple[str, int], EmbeddedMedia]:
     """
     return {(kind, position): EmbeddedMedia(path, data)
             for kind, items in row.items() for position, (path, data) in enumerate(items) if data is not None or not path}
+
+
+def _unreadable_file(path: Path, first: int, problem: str) -> _RowGroup:
+    """The Parquet file ``path`` whose footer is not opened (``problem``: why) as row ``first``,
+    its ``unreadable_file`` skip (its rows are not known)."""
+    error = BadSampleError("unreadable_file", f"{path.name}: its footer does not open ({problem}); its rows are not "
+                                              "read; fix: rewrite the file (e.g. pyarrow.parquet.write_table) or drop it")
+    return _RowGroup(path, None, 0, first, 1, lambda: iter(()), unreadable=error)
 
 
 def _unreadable(path: Path, first: int, last: int, err: Exception) -> BadSampleError:

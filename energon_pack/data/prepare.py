@@ -42,6 +42,7 @@ from typing import Any, Literal
 from energon_pack.config.row_layout import DEFAULT_MAX_IMAGE_PIXELS
 from energon_pack.core.conversation import ChatRecord, check_no_assistant_media, parse_record, stored_conversation
 from energon_pack.core.tables import format_table
+from energon_pack.core.token_rules import TOKEN_RULES_VERSION
 from energon_pack.data.parquet_records import (
     EmbeddedMedia,
     TableColumns,
@@ -441,7 +442,7 @@ def _write_part_manifest(
     """Write ``folder/.nv-meta/PART_MANIFEST``: the part, the run, its shards' sizes, report and facts."""
     part, parts = part_of
     manifest = {
-        "format": PART_FORMAT, "part": part, "parts": parts, "run": run, "input": input_path,
+        "format": PART_FORMAT, "part": part, "parts": parts, "run": run, "input": input_path, "token_rules": TOKEN_RULES_VERSION,
         "shard_bytes": {name: (folder / name).stat().st_size for name in report.shards},
         "report": report.to_json(), "facts": recorder.by_key,
     }

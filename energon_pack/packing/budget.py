@@ -17,12 +17,13 @@ from energon_pack.packing.algorithms import RoundSize, RowBudget
 __all__ = ["fits_one_row", "round_size", "row_budget", "sample_misfit"]
 
 
-def round_size(row: RowLayout, policy: PackingPolicy) -> RoundSize:
-    """When a selection round runs: ``policy.resolved_round`` at the row width.
+def round_size(row: RowLayout, policy: PackingPolicy, *, token_blend: bool = False) -> RoundSize:
+    """When a selection round runs: ``policy.resolved_round`` at the row width (``token_blend``: the
+    samples come from a share blend of tokens or supervised tokens).
 
     Example: ``round_size(RowLayout(seq_length=8192), PackingPolicy())`` -> ``RoundSize(samples=None, tokens=16384)``.
     """
-    resolved = policy.resolved_round(row.seq_length)
+    resolved = policy.resolved_round(row.seq_length, token_blend=token_blend)
     return RoundSize(samples=resolved["buffer_size"], tokens=resolved["buffer_tokens"])
 
 

@@ -29,7 +29,11 @@ import math
 import random
 from collections.abc import Sequence
 
-__all__ = ["balanced_window_rows", "order_window", "window_levels"]
+__all__ = ["FIRST_WINDOW_ROWS", "balanced_window_rows", "order_window", "ramped_window_rows", "window_levels"]
+
+#: Rows per worker of a worker's first window: windows double from here up to the configured
+#: size, so the first row waits for a few rows' headers, not for a whole window's.
+FIRST_WINDOW_ROWS = 8
 
 
 def balanced_window_rows(requested: int, *, num_workers: int, micro_batches: int) -> int:
@@ -43,6 +47,21 @@ def balanced_window_rows(requested: int, *, num_workers: int, micro_batches: int
     workers = max(num_workers, 1)
     multiple = micro_batches // math.gcd(micro_batches, workers)
     return -(-requested // multiple) * multiple
+
+
+def ramped_window_rows(
+    requested: int, window: int, *, num_workers: int, micro_batches: int, first: int = FIRST_WINDOW_ROWS
+) -> int:
+    """Rows of a worker's window number ``window`` (0 first): ``first`` doubled per window up to
+    ``requested``, rounded to whole steps (:func:`balanced_window_rows`). Depends on the window
+    index only, so every rank's windows have the same sizes.
+
+    Example: requested 64, 2 workers, 2 micro-batches -> windows 0, 1, 2, 3, 4 have 8, 16, 32, 64, 64 rows.
+    """
+    if window < 0 or first < 1:
+        raise ValueError(f"window={window} must be >= 0 and first={first} >= 1")
+    ramp = first << min(window, requested.bit_length())
+    return balanced_window_rows(min(requested, ramp), num_workers=num_workers, micro_batches=micro_batches)
 
 
 def window_levels(

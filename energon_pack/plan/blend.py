@@ -46,6 +46,7 @@ __all__ = [
     "blend_selection",
     "good_samples",
     "interleave_rows",
+    "interleave_setup",
     "planned_sources",
     "reorder_rows",
     "row_compositions",
@@ -327,45 +328,136 @@ def interleave_rows(compositions: np.ndarray, *, seed: int, targets: np.ndarray 
 
     ``compositions``: float [R, K], units of each source in each row; ``targets``: float [R, K],
     the shares due at each position (default: the plan's own, column sums over the total, at every
-    position). Each row read adds its units times the position's shares to what is due; the next
-    row is the one after which what was read is closest to what is due. Returns int [R], a
-    permutation of the rows.
+    position). Rows are grouped into one bucket per source (the source holding most of a row's
+    units), each bucket in a seeded order. Each row read adds its units to what was read and its
+    total times the position's shares to what is due; the next row is the head of the bucket after
+    which the squared distance between read and due is smallest (the first bucket on a tie).
+    Returns int [R], a permutation of the rows.
     Example: rows ``[[10, 0], [10, 0], [0, 10], [0, 10]]`` -> the sources alternate, e.g.
     ``[0, 2, 1, 3]`` (up to the seeded order inside each source's rows).
     """
-    rows, sources = compositions.shape
-    if rows == 0:
+    if len(compositions) == 0:
         return np.zeros(0, dtype=np.int64)
+    targets, buckets = interleave_setup(compositions, seed=seed, targets=targets)
+    return _GreedyInterleave(np.asarray(compositions, dtype=np.float64), np.asarray(targets, dtype=np.float64), buckets).order()
+
+
+def interleave_setup(
+    compositions: np.ndarray, *, seed: int, targets: np.ndarray | None = None
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """What :func:`interleave_rows` chooses among: the targets (float [R, K]; by default the
+    compositions' column shares at every position) and one bucket of row indices per source (the
+    rows whose largest units are that source's; a seeded order per source).
+
+    Example: rows ``[[10, 0], [0, 10], [10, 0]]`` -> targets ``[[2/3, 1/3]] * 3`` and buckets
+    ``[rows 0 and 2 in a seeded order, [1]]``.
+    """
     if targets is None:
         totals = compositions.sum(axis=0)
         targets = np.broadcast_to(totals / max(totals.sum(), 1e-12), compositions.shape)
     dominant = np.argmax(compositions, axis=1)
     buckets = []
-    for source in range(sources):
+    for source in range(compositions.shape[1]):
         members = np.flatnonzero(dominant == source)
-        buckets.append(members[_seeded_order(len(members), seed=seed, source=source)].tolist())
-    units = compositions.tolist()  # plain floats: K is small, numpy per candidate would dominate
-    row_totals = compositions.sum(axis=1).tolist()
-    shares = np.asarray(targets).tolist()
-    heads = [0] * sources
-    drawn, due = [0.0] * sources, [0.0] * sources
-    order = np.empty(rows, dtype=np.int64)
-    for position in range(rows):
-        best, best_error = -1, float("inf")
-        here = shares[position]
-        for source in range(sources):
-            if heads[source] < len(buckets[source]):
-                row = buckets[source][heads[source]]
-                total = row_totals[row]
-                error = sum((d + u - (o + p * total)) ** 2 for d, u, o, p in zip(drawn, units[row], due, here))
-                if error < best_error:
-                    best, best_error = source, error
-        row = buckets[best][heads[best]]
-        heads[best] += 1
-        drawn = [d + u for d, u in zip(drawn, units[row])]
-        due = [o + p * row_totals[row] for o, p in zip(due, here)]
-        order[position] = row
-    return order
+        buckets.append(members[_seeded_order(len(members), seed=seed, source=source)])
+    return targets, buckets
+
+
+class _GreedyInterleave:
+    """:func:`interleave_rows`' greedy choice, decided a block of positions at a time with numpy.
+
+    A block's choices are guessed (:meth:`_guess`), then checked all at once: along the guessed
+    path, what was read and what is due before each position are cumulative sums (added in the
+    order a step-by-step loop adds them, so the values are the same), and every bucket head's
+    squared distance is computed for every position. The guess holds up to the first position
+    where the greedy choice differs; that choice is taken and the next block starts after it. The
+    order is the step-by-step greedy's, exactly; the guess only decides how many positions one
+    block settles (with two sources nearly all of them: about 30 blocks per 100k rows).
+    """
+
+    #: Positions checked per block: the first, and the bounds it adapts within.
+    BLOCK, MIN_BLOCK, MAX_BLOCK = 64, 16, 4096
+
+    def __init__(self, compositions: np.ndarray, targets: np.ndarray, buckets: list[np.ndarray]) -> None:
+        self.units = compositions
+        self.targets = targets
+        self.row_totals = compositions.sum(axis=1)
+        self.sizes = np.array([len(bucket) for bucket in buckets], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.flat = np.concatenate(buckets).astype(np.int64)
+        self.last = np.maximum(self.starts + self.sizes - 1, 0)
+        sources = compositions.shape[1]
+        self.heads = np.zeros(sources, dtype=np.int64)
+        self.read = np.zeros(sources)
+        self.due = np.zeros(sources)
+
+    def order(self) -> np.ndarray:
+        """The rows in reading order (int [R])."""
+        rows = len(self.units)
+        order = np.empty(rows, dtype=np.int64)
+        position, block = 0, self.BLOCK
+        while position < rows:
+            guess = self._guess(position, min(block, rows - position))
+            settled = self._settle(position, guess, order)
+            if settled == len(guess):
+                block = min(block * 2, self.MAX_BLOCK)
+            elif settled < len(guess) // 4:
+                block = max(block // 2, self.MIN_BLOCK)
+            position += settled
+        return order
+
+    def _guess(self, position: int, size: int) -> np.ndarray:
+        """Likely choices (source per position) for ``size`` positions from ``position``: each
+        bucket's next rows keyed by half the source's current lead (read - due) plus its rows'
+        excess over their share (units - share * total) summed up to the row's middle, merged by
+        key. With two sources and rows that exceed their own source's share this is the greedy
+        choice in exact arithmetic."""
+        shares = self.targets[position]
+        lead = self.read - self.due
+        keys, labels = [], []
+        for source, (start, head, size_of) in enumerate(zip(self.starts, self.heads, self.sizes)):
+            rows = self.flat[start + head: start + min(size_of, head + size)]
+            excess = self.units[rows, source] - shares[source] * self.row_totals[rows]
+            keys.append(lead[source] / 2 + np.cumsum(excess) - excess / 2)
+            labels.append(np.full(len(rows), source, dtype=np.int64))
+        merged = np.concatenate(labels)[np.argsort(np.concatenate(keys), kind="stable")]
+        return merged[:size]
+
+    def _settle(self, position: int, guess: np.ndarray, order: np.ndarray) -> int:
+        """Check ``guess`` from ``position``; write the positions it gets right, plus the greedy
+        choice at the first it gets wrong, into ``order``; advance the state; return how many."""
+        size, sources = len(guess), len(self.heads)
+        chosen = guess[:, None] == np.arange(sources)[None, :]
+        taken_before = np.cumsum(chosen, axis=0) - chosen
+        at = self.heads[None, :] + taken_before
+        available = at < self.sizes[None, :]
+        candidates = self.flat[np.minimum(self.starts[None, :] + at, self.last[None, :])]
+        rows = candidates[np.arange(size), guess]
+        shares = self.targets[position: position + size]
+        read = np.cumsum(np.vstack([self.read, self.units[rows]]), axis=0)
+        due = np.cumsum(np.vstack([self.due, shares * self.row_totals[rows][:, None]]), axis=0)
+        gap = (read[:-1, None, :] + self.units[candidates]) - (
+            due[:-1, None, :] + shares[:, None, :] * self.row_totals[candidates][:, :, None])
+        squared = gap * gap
+        error = squared[..., 0]
+        for source in range(1, sources):
+            error = error + squared[..., source]
+        error[~available] = np.inf
+        greedy = np.argmin(error, axis=1)
+        wrong = np.flatnonzero(greedy != guess)
+        right = int(wrong[0]) if len(wrong) else size
+        order[position: position + right] = rows[:right]
+        self.heads = self.heads + chosen[:right].sum(axis=0)
+        self.read, self.due = read[right], due[right]
+        if right == size:
+            return right
+        source = int(greedy[right])
+        row = int(candidates[right, source])
+        order[position + right] = row
+        self.heads[source] += 1
+        self.read = self.read + self.units[row]
+        self.due = self.due + shares[right] * self.row_totals[row]
+        return right + 1
 
 
 def planned_sources(plan: Any) -> list[dict[str, Any]]:

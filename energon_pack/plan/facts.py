@@ -25,6 +25,11 @@ member carries the format version), described in docs/on_disk_format.md:
   chat's tokens less its media placeholders' expansion) and ``skip`` int16 (reasons this
   processor raises); ``meta.facts_digest`` ties it to the facts file.
 
+Both metas hold ``token_rules``, the version of the token-counting rules they were measured under
+(``core.token_rules``; absent in files of releases before it: ``"unversioned"``). Facts of
+another version are not fresh: ``plan``, ``simulate`` and ``inspect`` measure again by
+preencoding, saying why in one line.
+
 Both are read from local datasets and from remote ones (``msc://``, through Energon's ``EPath``).
 A sample's tokens from facts are ``text_tokens + placeholder_token_count(grids)``, the
 additivity ``on_overlong="shrink"`` relies on too (``QwenChatEncoder._shrink_limits``).
@@ -43,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from energon_pack.core.token_rules import recorded_rules, stale_rules
 from energon_pack.qwen.media import ImageInfo, VideoInfo
 
 __all__ = [
@@ -293,4 +299,7 @@ def fresh_facts(dataset: str | Path, fingerprint: dict[str, Any]) -> tuple[Facts
         return "no text tokens for this processor (prepare --processor)"
     if tokens.meta.get("facts_digest") != facts.digest:
         return "text tokens belong to other facts (prepare again)"
+    stale = stale_rules(recorded_rules(tokens.meta), "the facts")
+    if stale is not None:
+        return f"{stale}; fix: prepare the dataset again with this energon_pack (--processor), or keep measuring"
     return facts, tokens

@@ -4,8 +4,9 @@
 count, FLOPs and skip reasons of every sample, from media headers) goes to
 ``<facts dir>/<dataset name>.<split>.facts.npz``; the next plan of the same dataset, processor and
 packing settings reads it instead of preencoding again. The file records what it was measured
-for (:func:`facts_key`: the dataset's shard table, the encoder and the packing fingerprint), and a
-file of another key is measured again and replaced.
+for (:func:`facts_key`: the dataset's shard table, the encoder and the packing fingerprint) and the
+token-rules version it was counted under (``core.token_rules``); a file of another key or
+version is measured again and replaced.
 
 Example: ``kept_facts_path("/data/bridge_ds", "train", Path("plans"))`` ->
 ``Path("plans/bridge_ds.train.facts.npz")``.
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from energon_pack.core.token_rules import TOKEN_RULES_VERSION, recorded_rules, stale_rules
 
 KEPT_FACTS_FORMAT = "energon_pack.kept_facts.v1"
 
@@ -43,7 +46,7 @@ def save_kept_facts(path: Path, key: str, measurement: Any) -> None:
     """Write ``measurement`` (a ``plan.build.Measurement``) for ``key`` to ``path`` (atomically)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    meta = {"format": KEPT_FACTS_FORMAT, "key": key, "skipped": dict(measurement.skipped),
+    meta = {"format": KEPT_FACTS_FORMAT, "key": key, "token_rules": TOKEN_RULES_VERSION, "skipped": dict(measurement.skipped),
             "per_worker": dict(measurement.per_worker)}
     with open(partial, "wb") as out:
         np.savez(out, tokens=measurement.tokens, vision=measurement.vision, media=measurement.media,
@@ -61,6 +64,9 @@ def load_kept_facts(path: Path, key: str) -> dict[str, Any] | str:
             arrays = {name: kept[name].copy() for name in ("tokens", "vision", "media", "flops")}
     except (OSError, ValueError, KeyError) as err:
         return f"kept facts at {path} unreadable ({type(err).__name__})"
+    stale = stale_rules(recorded_rules(meta), f"kept facts at {path}")
+    if stale is not None:
+        return stale
     if meta.get("format") != KEPT_FACTS_FORMAT or meta.get("key") != key:
         return f"kept facts at {path} were measured for another dataset, processor or packing config"
     return {**arrays, "skipped": Counter(meta["skipped"]), "per_worker": Counter(meta["per_worker"])}

@@ -42,12 +42,14 @@ import numpy as np
 import torch
 
 from energon_pack.config import PackingConfig
+from energon_pack.core.token_rules import check_token_rules, recorded_rules
 from energon_pack.identity import (
     check_plan_fingerprint,
     encoder_fingerprint,
     plan_fingerprint,
     plan_loader_fingerprint,
 )
+from energon_pack.metrics import SourceInfo, source_infos
 from energon_pack.formats.sample_mapping import current_loader_mapping, loader_sample_mapping, mapping_name
 from energon_pack.packing.balance import BalancedStream, check_balanced_resume, deal_step
 from energon_pack.packing.global_plan import epoch_row_order, first_rank_position, rank_positions
@@ -115,8 +117,14 @@ def plan_state_problems(state: PlanLoaderState, *, num_rows: int, repeat: bool) 
 def check_plan_matches(
     plan: PackPlan | MappedPlan, path: Any, split: str, encoder: Any, config: PackingConfig
 ) -> None:
-    """Raise ``ResumeMismatchError`` naming every field where ``plan`` was built for something else
-    (dataset shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
+    """Raise ``TokenRulesError`` when ``plan`` counted tokens under other token rules (always), then
+    ``ResumeMismatchError`` naming every field where it was built for something else (dataset
+    shards, processor, packing budgets) unless ``config.allow_inexact_resume``."""
+    where = f"pack plan {plan.path}" if isinstance(plan, MappedPlan) else f"pack plan (digest {plan.digest[:16]})"
+    check_token_rules(
+        recorded_rules(plan.fingerprint.get("encoder", {})), where,
+        "rebuild the plan with this energon_pack's `energon-pack plan DATASET --config CONFIG --out PLAN`",
+    )
     current = plan_fingerprint(
         dataset_fingerprint(path, split), encoder_fingerprint(encoder), config,
         sample_mapping=mapping_name(current_loader_mapping()),
@@ -170,15 +178,20 @@ class PlanRowSource:
 
     def fetch(self, index: int) -> Any:
         """The raw Energon sample at global index ``index``: sample ``index - offset`` of the leaf
-        holding it (restore key ``("Webdataset", index - offset)``), with the leaf's subflavors."""
+        holding it (restore key ``("Webdataset", index - offset)``), with the leaf's subflavors.
+        A metadataset's sample carries the restore key Energon's blend gives it, ``("BlendDataset",
+        leaf, ...)``, so its row segment names the same source as online (``row["segment_source"]``)."""
         number = int(np.searchsorted([leaf.offset for leaf in self._leaves], index, side="right")) - 1
         local = index - self._leaves[number].offset
         worker_config, dataset = self._open(number)
         worker_config.worker_activate(index)
         try:
-            return dataset.restore_sample(("MapDataset", local, "Webdataset", local))
+            sample = dataset.restore_sample(("MapDataset", local, "Webdataset", local))
         finally:
             worker_config.worker_deactivate()
+        if "blend" in self.plan.fingerprint["dataset"]:
+            sample.__restore_key__ = ("BlendDataset", number, *sample.__restore_key__)
+        return sample
 
     def _open(self, number: int) -> tuple[Any, Any]:
         if self._reader is None or self._reader[0] != os.getpid():
@@ -379,6 +392,20 @@ class PlanDataLoader:
             raise ValueError(f"restore key {restore_key!r} is not from a plan loader; pass row['__restore_key__']")
         return self.source.row(position)
 
+    def sources(self) -> list[SourceInfo]:
+        """The sources ``row["segment_source"]`` indexes: the metadataset's leaves the plan was built
+        over (one for a plain dataset), as ``PackingDataLoader.sources()`` gives them."""
+        blend = self.plan.fingerprint["dataset"].get("blend")
+        entries = [] if blend is None else [
+            {"index": number, "path": str(leaf.path), "subflavors": leaf.subflavors, "weight": described["weight"]}
+            for number, (leaf, described) in enumerate(zip(self.source._leaves, blend["leaves"]))
+        ]
+        return source_infos(entries, self.source.path)
+
+    def family(self) -> str:
+        """The model family the rows are encoded for (e.g. ``"qwen2.5-vl"``)."""
+        return self.source.encoder.vision.family
+
     def stats(self) -> dict[str, Any]:
         """This rank's row statistics (decode-time skips by reason) plus the plan's own skips, and
         the model ``family`` the rows are encoded for (as the online loader reports it); for a
@@ -386,7 +413,7 @@ class PlanDataLoader:
         report = aggregate_stats([self._stats.snapshot()])
         report["plan_rows"] = self.plan.num_rows
         report["plan_skipped"] = dict(self.plan.skipped)
-        report["family"] = self.source.encoder.vision.family
+        report["family"] = self.family()
         if "blend" in self.plan.fingerprint["dataset"]:  # a metadataset's plan: what it holds of each leaf
             report["plan_sources"] = planned_sources(self.plan)
         if self.plan.row_flops is not None:

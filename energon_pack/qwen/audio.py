@@ -4,18 +4,23 @@ Containers and codecs (tests/qwen/test_audio.py decodes each): WAV (PCM 16/24-bi
 MP3, AAC / M4A, Ogg (Opus, Vorbis), WebM (Opus); any sample rate and channel count. The first
 audio stream of a file is used, so a video's sound track decodes the same way.
 
-- **Decode** (`decode_audio`): every frame of the first audio stream through one FFmpeg resampler
+- **Decode** (`decode_audio`): every sample of the first audio stream through one FFmpeg resampler
   to float planar at the model rate (``av.AudioResampler(format="fltp", layout=<the source's>,
   rate=16000)``, flushed at the end), then the mean of the channels (the downmix librosa and
   Qwen's ``qwen-omni-utils`` use; FFmpeg's own stereo-to-mono sums at -3 dB, 1.41 times louder):
-  float32 [n]. A 16 kHz PCM file decodes to its samples exactly (``s16 / 32768``, channels
-  averaged); other rates are resampled by FFmpeg's ``swr`` (a 440 Hz tone at 44.1 kHz within
-  1e-2 of an independent linear interpolation, tests/qwen/test_audio.py).
-- **Length** (`probe_audio`): the number of 16 kHz samples that decode gives. For 16 kHz PCM
-  (WAV) and FLAC the header's sample count is that number (``exact_from_header``); for every other
-  file (lossy codecs carry encoder delay and padding, and FFmpeg's resampler rounds its output
-  length in a way no closed form gives) the samples are counted by decoding and resampling
-  without keeping them (``counted``).
+  float32 [n]. Decoded frames are joined into blocks of ``_BLOCK_SAMPLES`` before the resampler
+  (its output does not depend on how it is fed); a plain PCM WAV is read with NumPy
+  (`qwen.wav.read_wav`, the floats FFmpeg's PCM decoder and converter give) instead of FFmpeg's
+  slow WAV demuxer. A 16 kHz PCM file decodes to its samples exactly (``s16 / 32768``, channels
+  averaged, no resampler); other rates are resampled by FFmpeg's ``swr`` (a 440 Hz tone at
+  44.1 kHz within 1e-2 of an independent linear interpolation, tests/qwen/test_audio.py).
+- **Length** (`probe_audio`): the number of 16 kHz samples that decode gives, never from a
+  resample: the source-rate count, from the header for PCM WAV and FLAC at any rate and from
+  the packets' durations less the pre-skip for Ogg Opus (``exact_from_header``: nothing decoded),
+  else (MP3, AAC, Vorbis, WebM: encoder delay and padding are trimmed by the decoder) by decoding
+  without resampling (``counted``); then `resampled_length` (the resampler's output count, periodic
+  in the input count) gives the model-rate count. tests/qwen/test_audio.py checks probe = decode
+  for every codec, rate and channel count it writes.
 - **Cap**: the model reads at most ``max_samples`` (the feature extractor's ``n_samples``: 300 s
   for the released Qwen-Omni checkpoints); longer audio is what the Hugging Face processor
   truncates. `decode_audio` stops reading once it holds ``max_samples``, so a 30-minute file costs
@@ -34,15 +39,21 @@ this FFmpeg build cannot decode).
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
 from io import BytesIO
+from math import gcd
 from typing import Any
 
 import av
 import numpy as np
+import torch
 
 from energon_pack.qwen.media import BadMediaError
+from energon_pack.qwen.wav import WavPcm, as_float, read_wav
 
 __all__ = [
     "AudioInfo",
@@ -50,6 +61,7 @@ __all__ = [
     "audio_features",
     "decode_audio",
     "probe_audio",
+    "resampled_length",
 ]
 
 #: Codecs whose header sample count is the decoded count (no encoder delay, no padding).
@@ -57,6 +69,11 @@ _EXACT_HEADER_CODECS = ("flac",)
 #: Zero samples appended before the STFT: every frame that overlaps the waveform then sees the
 #: samples it sees in the Hugging Face processor's zero-padded input (window n_fft = 400).
 _TAIL_FRAMES = 3
+#: Source samples per channel handed to the resampler at once (decoded frames joined): PyAV's
+#: per-call cost is paid per block, not per frame; the resampler's output does not depend on it.
+_BLOCK_SAMPLES = 1 << 16
+#: Input samples past which `resampled_length` counts by whole periods (beyond any filter's start).
+_PERIOD_BASE = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,66 +179,211 @@ def _stream_facts(stream: Any) -> tuple[int, int, str]:
     return int(context.sample_rate or 0), int(context.channels or 0), str(context.name)
 
 
-def _resampled_blocks(data: bytes, spec: AudioSpec, limit: int | None) -> Iterator[np.ndarray]:
-    """Mono float32 blocks at ``spec.sampling_rate`` in order, until ``limit`` samples (None: all)."""
+def resampled_length(samples: int, rate: int, target: int = 16000) -> int:
+    """Samples FFmpeg's resampler (``av.AudioResampler``, flushed) gives for ``samples`` samples
+    at ``rate`` Hz resampled to ``target`` Hz, whatever the blocks it is fed in and the channels.
+
+    The count is periodic: ``rate / g`` more input samples give ``target / g`` more output
+    samples (g = gcd(rate, target)) once past the filter's start, so it is the count of one
+    resample of zeros no longer than ``_PERIOD_BASE`` plus one period (cached) plus whole
+    periods. Example: (16000, 16000) -> 16000; (44100, 44100) -> 16000; (3001, 48000) -> 1000.
+    """
+    if rate == target or samples <= 0:
+        return max(samples, 0)
+    step = gcd(rate, target)
+    period_in, period_out = rate // step, target // step
+    periods = max(0, (samples - _PERIOD_BASE) // period_in)
+    return _resampled_zeros(samples - periods * period_in, rate, target) + periods * period_out
+
+
+@lru_cache(maxsize=4096)
+def _resampled_zeros(samples: int, rate: int, target: int) -> int:
+    """Samples a flushed ``av.AudioResampler`` gives for ``samples`` zeros at ``rate`` Hz (mono)."""
+    resampler = av.AudioResampler(format="fltp", layout="mono", rate=target)
+    frame = _frame(np.zeros((1, samples), dtype=np.float32), "fltp", "mono", rate, 0)
+    return sum(out.samples for out in resampler.resample(frame)) + sum(out.samples for out in resampler.resample(None))
+
+
+def _frame(array: np.ndarray, sample_format: str, layout: str, rate: int, pts: int) -> Any:
+    """An ``av.AudioFrame`` of ``array`` (PyAV's ``to_ndarray`` shape of ``sample_format``) at ``rate``."""
+    frame = av.AudioFrame.from_ndarray(array, format=sample_format, layout=layout)
+    frame.sample_rate, frame.pts, frame.time_base = rate, pts, Fraction(1, rate)
+    return frame
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Consecutive source samples: ``array`` in PyAV's ``to_ndarray`` shape of ``sample_format``
+    ([channels, n] planar, [1, n * channels] packed), its ``layout`` name, ``rate`` (Hz) and
+    ``samples`` per channel."""
+
+    array: np.ndarray
+    sample_format: str
+    layout: str
+    rate: int
+    samples: int
+
+
+def _wav_blocks(wav: WavPcm) -> Iterator[_Block]:
+    """A plain WAV's samples as float planes, ``_BLOCK_SAMPLES`` at a time."""
+    for start in range(0, wav.frames, _BLOCK_SAMPLES):
+        planes = wav.planes(start, start + _BLOCK_SAMPLES)
+        yield _Block(planes, "fltp", wav.layout, wav.rate, planes.shape[1])
+
+
+def _decoded_blocks(data: bytes) -> Iterator[_Block]:
+    """The first audio stream's decoded frames, joined into blocks of at least ``_BLOCK_SAMPLES``
+    samples of one format, layout and rate (so the resampler is called per block, not per frame)."""
     with _open(data) as container:
         stream = container.streams.audio[0]
         _stream_facts(stream)
-        resampler = None
-        held = 0
-        try:
-            for frame in container.decode(stream):
+        held: list[np.ndarray] = []
+        kind = None
+        samples = 0
+        for frame in container.decode(stream):
+            frame_kind = (frame.format.name, frame.layout.name, int(frame.sample_rate))
+            if held and (frame_kind != kind or samples >= _BLOCK_SAMPLES):
+                yield _Block(np.concatenate(held, axis=1), *kind, samples)
+                held, samples = [], 0
+            kind = frame_kind
+            held.append(frame.to_ndarray())
+            samples += frame.samples
+        if held:
+            yield _Block(np.concatenate(held, axis=1), *kind, samples)
+
+
+def _resampled_blocks(data: bytes, spec: AudioSpec, limit: int | None) -> Iterator[np.ndarray]:
+    """Mono float32 blocks at ``spec.sampling_rate`` in order, until ``limit`` samples (None: all).
+
+    Samples already at the model rate are converted with NumPy (`qwen.wav.as_float`: the floats the
+    resampler's converter gives), not through the resampler."""
+    wav = read_wav(data)
+    blocks = _wav_blocks(wav) if wav is not None else _decoded_blocks(data)
+    resampler = None
+    held = fed = 0
+    try:
+        for block in blocks:
+            if block.rate == spec.sampling_rate and block.array.dtype.kind in "uif":  # no resampling: convert
+                outputs = [_planes(block)]
+            else:
                 if resampler is None:  # channels kept: downmixed below as their mean
-                    resampler = av.AudioResampler(format="fltp", layout=frame.layout.name, rate=spec.sampling_rate)
-                for out in resampler.resample(frame):
-                    block = _mono(out)
-                    held += block.size
-                    yield block
-                if limit is not None and held >= limit:
-                    return
-            for out in [] if resampler is None else resampler.resample(None):
-                yield _mono(out)
-        except (av.error.FFmpegError, ValueError) as err:
-            raise BadMediaError("corrupt_audio", f"cannot decode audio after {held} samples: {err}") from None
+                    resampler = av.AudioResampler(format="fltp", layout=block.layout, rate=spec.sampling_rate)
+                frame = _frame(block.array, block.sample_format, block.layout, block.rate, fed)
+                outputs = [out.to_ndarray() for out in resampler.resample(frame)]
+            fed += block.samples
+            for planes in outputs:
+                mono = _mono(planes)
+                held += mono.size
+                yield mono
+            if limit is not None and held >= limit:
+                return
+        for out in [] if resampler is None else resampler.resample(None):
+            yield _mono(out.to_ndarray())
+    except (av.error.FFmpegError, ValueError) as err:
+        raise BadMediaError("corrupt_audio", f"cannot decode audio after {held} samples: {err}") from None
 
 
-def _mono(frame: Any) -> np.ndarray:
-    """A planar float frame [channels, n] as the mean of its channels, float32 [n]."""
-    planes = frame.to_ndarray()
+def _planes(block: _Block) -> np.ndarray:
+    """A block's samples as float32 planes [channels, n] (packed formats de-interleaved)."""
+    samples = as_float(block.array)
+    channels = samples.size // block.samples if block.samples else 1
+    return samples if samples.shape[0] == channels else samples.reshape(-1, channels).T
+
+
+def _mono(planes: np.ndarray) -> np.ndarray:
+    """Planar float samples [channels, n] as the mean of their channels, float32 [n]."""
     return planes[0] if planes.shape[0] == 1 else planes.mean(axis=0, dtype=np.float32)
 
 
 def probe_audio(data: bytes, spec: AudioSpec = AudioSpec(), *, count_up_to: int | None = None) -> AudioInfo:
     """Sample count at the model rate, source rate, channels and codec of an audio file.
 
-    ``count_up_to``: a counted decode stops once it holds more than this many samples (the count
-    is then only known to exceed it: what an overlong check needs), so a 30-minute MP3 costs the
-    decode of its first ``count_up_to`` samples. Header counts are exact whatever the length.
+    The source-rate count comes from the header (PCM WAV, FLAC), the packets' durations (Ogg
+    Opus), or else a decode without resampling; `resampled_length` turns it into the model-rate
+    count the decode gives. ``count_up_to``: a counted decode stops once the count exceeds this
+    many model-rate samples (it is then only known to exceed it: what an overlong check needs),
+    so a 30-minute MP3 costs the decode of its first ``count_up_to`` samples.
 
     Example: a 1.5 s 16 kHz stereo WAV -> ``AudioInfo(samples=24000, sample_rate=16000,
     channels=2, codec="pcm_s16le", exact_from_header=True)``; the same clip as MP3 ->
     ``exact_from_header=False`` (counted). Raises `BadMediaError` (see the module docstring).
     """
-    with _open(data) as container:
-        stream = container.streams.audio[0]
-        rate, channels, codec = _stream_facts(stream)
-        header = _header_samples(stream, rate, codec, spec)
-        facts = dict(sample_rate=rate, channels=channels, codec=codec, container=str(container.format.name))
-    if header is not None:
-        return AudioInfo(samples=header, exact_from_header=True, **facts)
-    samples = sum(block.size for block in _resampled_blocks(data, spec, None if count_up_to is None else count_up_to + 1))
+    try:
+        return _probe(data, spec, count_up_to)
+    except BadMediaError:
+        raise
+    except (av.error.FFmpegError, ValueError, OverflowError) as err:  # the resampler refused the source's rate
+        raise BadMediaError("corrupt_audio", f"cannot count the audio's samples: {err}") from None
+
+
+def _probe(data: bytes, spec: AudioSpec, count_up_to: int | None) -> AudioInfo:
+    """`probe_audio` (its FFmpeg and rate errors raised as they come)."""
+    target = spec.sampling_rate
+    wav = read_wav(data)
+    if wav is not None:
+        facts = dict(sample_rate=wav.rate, channels=wav.channels, codec=wav.codec, container="wav")
+        source, rate = wav.frames, wav.rate
+    else:
+        with _open(data) as container:
+            stream = container.streams.audio[0]
+            rate, channels, codec = _stream_facts(stream)
+            facts = dict(sample_rate=rate, channels=channels, codec=codec, container=str(container.format.name))
+            source = _header_samples(stream, rate, codec)
+            if source is None and codec == "opus" and facts["container"] == "ogg":
+                source = _ogg_opus_samples(container, stream, _source_limit(count_up_to, rate, target))
+    from_header = source is not None and source > 0
+    samples = resampled_length(source, rate, target) if from_header else _counted_samples(data, target, count_up_to)
     if samples == 0:
         raise BadMediaError("empty_audio", "the audio stream decodes to no samples; fix: drop the empty clip")
-    return AudioInfo(samples=samples, exact_from_header=False, **facts)
+    return AudioInfo(samples=samples, exact_from_header=from_header, **facts)
 
 
-def _header_samples(stream: Any, rate: int, codec: str, spec: AudioSpec) -> int | None:
-    """The decoded sample count from the header when it is exact (16 kHz PCM or FLAC), else None."""
+def _source_limit(count_up_to: int | None, rate: int, target: int) -> int | None:
+    """Source samples past which a count at ``rate`` surely exceeds ``count_up_to`` model-rate samples
+    (one second of margin over the rate ratio). Example: (16000, 48000, 16000) -> 96004."""
+    return None if count_up_to is None else (count_up_to + 1) * rate // target + rate + 1
+
+
+def _header_samples(stream: Any, rate: int, codec: str) -> int | None:
+    """The decoded sample count at ``rate`` from the header when it is exact (PCM, FLAC), else None."""
     exact_codec = codec.startswith("pcm_") or codec in _EXACT_HEADER_CODECS
-    if not exact_codec or rate != spec.sampling_rate or stream.duration is None or stream.time_base is None:
+    if not exact_codec or not rate or stream.duration is None or stream.time_base is None:
         return None
     samples = stream.duration * stream.time_base * rate
     return int(samples) if samples.denominator == 1 and samples > 0 else None
+
+
+def _ogg_opus_samples(container: Any, stream: Any, limit: int | None) -> int | None:
+    """An Ogg Opus stream's decoded samples (48 kHz): the packets' durations (the demuxer trims the
+    last one to the final granule position) less the header's pre-skip; None without an OpusHead.
+    Past ``limit`` source samples the count stops (only known to exceed it)."""
+    head = bytes(stream.codec_context.extradata or b"")
+    if head[:8] != b"OpusHead" or len(head) < 12:
+        return None
+    total = -struct.unpack_from("<H", head, 10)[0]
+    try:
+        for packet in container.demux(stream):
+            total += int(packet.duration or 0) if packet.size else 0
+            if limit is not None and total > limit:
+                break
+    except (av.error.FFmpegError, ValueError) as err:
+        raise BadMediaError("corrupt_audio", f"cannot read the Ogg packets: {err}") from None
+    return total
+
+
+def _counted_samples(data: bytes, target: int, count_up_to: int | None) -> int:
+    """Model-rate samples of the decoded frames (decoded at their own rate, never resampled), the
+    count stopping once it surely exceeds ``count_up_to``."""
+    source = rate = 0
+    try:
+        with _open(data) as container:
+            for frame in container.decode(container.streams.audio[0]):
+                source, rate = source + frame.samples, int(frame.sample_rate)
+                if count_up_to is not None and source > _source_limit(count_up_to, rate, target):
+                    break
+    except (av.error.FFmpegError, ValueError) as err:
+        raise BadMediaError("corrupt_audio", f"cannot decode audio after {source} samples: {err}") from None
+    return resampled_length(source, rate, target)
 
 
 def decode_audio(data: bytes, spec: AudioSpec = AudioSpec(), *, expected_samples: int | None = None) -> np.ndarray:
@@ -261,7 +423,20 @@ def audio_features(waveform: np.ndarray, extractor: Any, spec: AudioSpec, *, pad
     length = min(padded, frames * spec.hop_length + tail)
     padded_clip = np.zeros(length, dtype=np.float32)
     padded_clip[: clip.size] = clip
-    features = extractor(
-        padded_clip, sampling_rate=spec.sampling_rate, padding="do_not_pad", truncation=False, return_tensors="np"
-    )["input_features"][0]
-    return np.ascontiguousarray(features[:, :frames], dtype=np.float32)
+    return np.ascontiguousarray(_log_mel(torch.from_numpy(padded_clip), extractor)[:, :frames].numpy())
+
+
+def _log_mel(waveform: torch.Tensor, extractor: Any) -> torch.Tensor:
+    """The Whisper extractor's log-mel spectrogram float32 [n_mels, frames] of a float32 waveform
+    [n] (n // hop_length frames): its own steps (``WhisperFeatureExtractor._torch_extract_fbank_features``,
+    no dither) without the batching and padding around them. A dithering extractor is refused."""
+    if getattr(extractor, "dither", 0.0):
+        raise ValueError(
+            f"the feature extractor dithers (dither={extractor.dither}): its features are random; "
+            "fix: load the processor with dither=0.0 (the released Qwen-Omni processors' value)"
+        )
+    window = torch.hann_window(int(extractor.n_fft))
+    stft = torch.stft(waveform, int(extractor.n_fft), int(extractor.hop_length), window=window, return_complex=True)
+    power = stft.abs().square_()[:, :-1]  # the extractor drops the last frame; contiguous before the slice
+    log_spec = (torch.from_numpy(np.asarray(extractor.mel_filters, dtype=np.float32)).T @ power).clamp_(min=1e-10).log10_()
+    return torch.maximum(log_spec, log_spec.max() - 8.0).add_(4.0).div_(4.0)

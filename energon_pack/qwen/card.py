@@ -8,6 +8,7 @@ A card holds exactly these, computed once from the loaded processor, and is file
 cache (``cache_dir("processor_cards")/<key>.json``) under a key that is cheap to compute from
 what the processor is built from:
 
+* always: the token-rules version (``core.token_rules``);
 * ``path`` None (the offline default): the BPE rank file, the ``energon_pack.qwen`` and
   ``identity`` sources (templates, special tokens, sub-processor settings) and the installed
   transformers / tokenizers releases;
@@ -46,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from energon_pack.core.cache import cache_dir
+from energon_pack.core.token_rules import TOKEN_RULES_VERSION
 from energon_pack.qwen.family import OMNI_FAMILIES, processor_family, vision_rules
 from energon_pack.qwen.geometry import VisionSpec
 from energon_pack.qwen.sound_count import SoundCount
@@ -88,7 +90,7 @@ def processor_key(path: str | os.PathLike[str] | None) -> str | None:
     from energon_pack.errors import UsageError
     from energon_pack.qwen.processor import _vocabulary, resolve_processor_source
 
-    hasher = hashlib.sha256(f"{CARD_FORMAT}\0{' '.join(_releases())}\0".encode())
+    hasher = hashlib.sha256(f"{CARD_FORMAT}\0{' '.join(_releases())}\0token_rules {TOKEN_RULES_VERSION}\0".encode())
     for module in sorted([*(_PACKAGE / "qwen").glob("*.py"), _PACKAGE / "identity.py"]):
         _hash_file(hasher, module)
     if path is None:

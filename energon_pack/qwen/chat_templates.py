@@ -3,15 +3,17 @@
 - Qwen3-VL: the official Qwen3-VL Instruct template (``templates/qwen3_vl.jinja``).
 - Qwen3.5 / Qwen3.6: the official Qwen3.6 template (``templates/qwen3_6.jinja``): tools,
   ``reasoning_content``, ``preserve_thinking`` and ``add_vision_id`` (docs/qwen35.md).
+- Qwen3-Omni: the released Instruct template (``templates/qwen3_omni_instruct.jinja``, the default)
+  or Thinking template (``templates/qwen3_omni_thinking.jinja``, variant ``"thinking"``): tools,
+  tool results and ``reasoning_content`` (docs/omni.md, "Chat templates").
 - Qwen2-VL / Qwen2.5-VL: ChatML with the default system prompt when the conversation has none,
   written for this project (``_chat_template(VL_MARKERS)``). It renders every conversation without template
   options exactly as the official Qwen2-VL / Qwen2.5-VL template (``templates/qwen2_5_vl.jinja``)
   does, and stays so that rows, saved states and plans keyed on its hash stay valid; the
   official one (``official_chat_template("qwen2.5-vl")``) adds ``add_vision_id``. Neither renders
   tools.
-- Qwen2.5-Omni / Qwen3-Omni: the same ChatML with each family's media markers (an audio part is
-  ``<|audio_bos|><|AUDIO|><|audio_eos|>`` / ``<|audio_start|><|audio_pad|><|audio_end|>``);
-  Qwen2.5-Omni's adds the default system prompt, Qwen3-Omni's none (docs/omni.md).
+- Qwen2.5-Omni: the same ChatML with its media markers (an audio part is
+  ``<|audio_bos|><|AUDIO|><|audio_eos|>``) and the default system prompt (docs/omni.md).
 
 The official texts and where they were taken from: ``templates/SOURCES.md``.
 
@@ -28,7 +30,13 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "OFFICIAL_TEMPLATE_FILES", "chat_template_for", "official_chat_template"]
+__all__ = [
+    "DEFAULT_SYSTEM_PROMPT",
+    "OFFICIAL_TEMPLATE_FILES",
+    "OFFICIAL_VARIANT_FILES",
+    "chat_template_for",
+    "official_chat_template",
+]
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -38,6 +46,12 @@ OFFICIAL_TEMPLATE_FILES = {
     "qwen2.5-vl": "qwen2_5_vl.jinja",
     "qwen3-vl": "qwen3_vl.jinja",
     "qwen3.5": "qwen3_6.jinja",
+    "qwen3-omni": "qwen3_omni_instruct.jinja",
+}
+#: The official template file of each released variant of a family (``TEMPLATE_VARIANTS``).
+OFFICIAL_VARIANT_FILES = {
+    ("qwen3-omni", "instruct"): "qwen3_omni_instruct.jinja",
+    ("qwen3-omni", "thinking"): "qwen3_omni_thinking.jinja",
 }
 
 # A message's content as text: a string as is, typed parts one by one (media as their markers).
@@ -69,12 +83,8 @@ QWEN25_OMNI_MARKERS = {
     "video": "<|vision_bos|><|VIDEO|><|vision_eos|>",
     "audio": "<|audio_bos|><|AUDIO|><|audio_eos|>",
 }
-QWEN3_OMNI_MARKERS = {**VL_MARKERS, "audio": "<|audio_start|><|audio_pad|><|audio_end|>"}
 #: ChatML body and default system prompt of the families whose offline template is the project's.
-_OWN_TEMPLATES = {
-    "qwen2.5-omni": (QWEN25_OMNI_MARKERS, DEFAULT_SYSTEM_PROMPT),
-    "qwen3-omni": (QWEN3_OMNI_MARKERS, ""),
-}
+_OWN_TEMPLATES = {"qwen2.5-omni": (QWEN25_OMNI_MARKERS, DEFAULT_SYSTEM_PROMPT)}
 
 
 def _chat_template(markers: dict[str, str]) -> str:
@@ -93,24 +103,28 @@ def _chat_template(markers: dict[str, str]) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def official_chat_template(family: str) -> str:
-    """The official chat template text of ``family``'s released models (``templates/SOURCES.md``).
+def official_chat_template(family: str, variant: str | None = None) -> str:
+    """The official chat template text of ``family``'s released models (``templates/SOURCES.md``);
+    ``variant`` picks one of the family's ``TEMPLATE_VARIANTS`` (None: the family's default).
 
     Example: ``"tools" in official_chat_template("qwen3-vl")`` -> True;
-    ``"preserve_thinking" in official_chat_template("qwen3.5")`` -> True (Qwen3.6's).
+    ``"preserve_thinking" in official_chat_template("qwen3.5")`` -> True (Qwen3.6's);
+    ``official_chat_template("qwen3-omni", "thinking")`` -> the Qwen3-Omni Thinking model's.
     """
-    name = OFFICIAL_TEMPLATE_FILES[family]
+    name = OFFICIAL_TEMPLATE_FILES[family] if variant is None else OFFICIAL_VARIANT_FILES[(family, variant)]
     return resources.files("energon_pack.qwen").joinpath("templates", name).read_text(encoding="utf-8")
 
 
-def chat_template_for(family: str) -> str:
-    """The chat template the offline processor of ``family`` carries.
+def chat_template_for(family: str, variant: str | None = None) -> str:
+    """The chat template the offline processor of ``family`` (and ``variant``, for a family with
+    ``TEMPLATE_VARIANTS``) carries.
 
     Example: ``chat_template_for("qwen3.5") == official_chat_template("qwen3.5")`` -> True;
+    ``chat_template_for("qwen3-omni", "thinking")`` -> the released Thinking template;
     ``"qwen2.5-vl"`` -> the project's ChatML adding ``You are a helpful assistant.`` when there
     is no system turn.
     """
-    if family in ("qwen3-vl", "qwen3.5"):
-        return official_chat_template(family)
+    if family in ("qwen3-vl", "qwen3.5", "qwen3-omni"):
+        return official_chat_template(family, variant)
     markers, default_system = _OWN_TEMPLATES.get(family, (VL_MARKERS, DEFAULT_SYSTEM_PROMPT))
     return "{%- set default_system = " + repr(default_system) + " -%}" + _chat_template(markers)

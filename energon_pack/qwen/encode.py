@@ -132,12 +132,9 @@ class OmniHearing:
         return self.counting.tokens(samples)
 
     def frames(self, samples: Sequence[int]) -> int:
-        """Log-mel frames of one sample's sounds together (``samples``: model-rate samples of each):
-        what its ``AudioInputs`` holds, ``row_cost["audio_frames"]`` of the sample alone.
-        The clips are padded together as the processor pads them (``AudioSpec.padded_length``).
-        Example: 16000 and 8000 samples at hop 160 -> 150."""
-        padded = self.spec.padded_length(samples)
-        return sum(self.spec.feature_frames(n, padded) for n in samples)
+        """Log-mel frames of one sample's sounds together (``SoundCount.frames``): what its
+        ``AudioInputs`` holds, ``row_cost["audio_frames"]`` of the sample alone."""
+        return self.counting.frames(samples)
 
 
 def sound_count_of(processor: Any, *, max_audio_seconds: float | None = None, trim: bool = True) -> SoundCount:

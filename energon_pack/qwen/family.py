@@ -4,6 +4,9 @@ Qwen2.5-Omni (``"qwen2.5-omni"``) and Qwen3-Omni (``"qwen3-omni"``, whose thinke
 thinker's inputs. Both size images and video frames as Qwen2.5-VL does (``Qwen2VLImageProcessor``,
 ``Qwen2VLVideoProcessor``; Qwen3-Omni at patch 16) and hear audio (docs/omni.md).
 
+Qwen3-Omni's released Instruct and Thinking models share everything but their chat templates
+(docs/omni.md, "Chat templates"): one family with two template variants (``TEMPLATE_VARIANTS``).
+
 Qwen3.5 and Qwen3.6 (dense ``qwen3_5`` and MoE ``qwen3_5_moe`` in transformers) form one family,
 ``"qwen3.5"``: they share one tokenizer and one processor. That processor uses the very classes of
 Qwen3-VL (``Qwen3VLProcessor``, ``Qwen2VLImageProcessor`` at patch 16, ``Qwen3VLVideoProcessor``)
@@ -21,6 +24,7 @@ __all__ = [
     "FAMILY_BY_MODEL_TYPE",
     "Family",
     "OMNI_FAMILIES",
+    "TEMPLATE_VARIANTS",
     "family_of_model_config",
     "processor_family",
     "vision_rules",
@@ -44,6 +48,8 @@ FAMILY_BY_MODEL_TYPE: dict[str, Family] = {
 }
 #: Families whose models hear audio (docs/omni.md).
 OMNI_FAMILIES: tuple[Family, ...] = ("qwen2.5-omni", "qwen3-omni")
+#: Released variants of a family whose chat templates differ, the default first (``load_processor(variant=...)``).
+TEMPLATE_VARIANTS: dict[Family, tuple[str, ...]] = {"qwen3-omni": ("instruct", "thinking")}
 #: ``<|image_pad|>`` id of the Qwen3.5 / Qwen3.6 vocabulary.
 QWEN35_IMAGE_PAD_ID = 248056
 

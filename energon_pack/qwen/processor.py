@@ -17,6 +17,8 @@ in their official order. No network access is needed.
 - Qwen2.5-Omni: the Qwen2 vocabulary with Qwen2.5-Omni's names for its media tokens
   (``QWEN25_OMNI_RENAMED``); Qwen3-Omni: the Qwen2 vocabulary and ``QWEN3_OMNI_ADDED_TOKENS``
   (``<|audio_pad|>`` = 151675). Both with a Whisper feature extractor (`_offline_omni`, docs/omni.md).
+  Qwen3-Omni carries the released Instruct chat template, or the Thinking one with
+  ``variant="thinking"`` (docs/omni.md, "Chat templates").
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 from energon_pack.core.cache import cache_dir
 from energon_pack.errors import UsageError
 from energon_pack.qwen.chat_templates import chat_template_for
-from energon_pack.qwen.family import FAMILIES, OMNI_FAMILIES, Family, vision_rules
+from energon_pack.qwen.family import FAMILIES, OMNI_FAMILIES, TEMPLATE_VARIANTS, Family, vision_rules
 
 # Pre-tokenizer split pattern of the Qwen2 tokenizer (digits are split one by one).
 QWEN2_SPLIT_PATTERN = (
@@ -218,7 +220,7 @@ def _vocabulary(family: str) -> tuple[Path, str, int, list[tuple[str, bool]], in
 
 
 @functools.lru_cache(maxsize=None)
-def _offline_tokenizer(family: str) -> Any:
+def _offline_tokenizer(family: str, variant: str | None) -> Any:
     from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -238,15 +240,15 @@ def _offline_tokenizer(family: str) -> Any:
         unk_token=None,
         model_max_length=max_length,
         clean_up_tokenization_spaces=False,
-        chat_template=chat_template_for(family),
+        chat_template=chat_template_for(family, variant),
         **({"extra_special_tokens": _OMNI_MEDIA_TOKENS[family]} if family in _OMNI_MEDIA_TOKENS else {}),
     )
 
 
-def _offline_processor(family: str) -> Any:
+def _offline_processor(family: str, variant: str | None) -> Any:
     """The released Qwen-VL processor settings, every pixel limit stated: transformers 5.12 lets a
     processor built with ``min_pixels=`` / ``max_pixels=`` change the class defaults of later ones."""
-    tokenizer = _offline_tokenizer(family)
+    tokenizer = _offline_tokenizer(family, variant)
     if family in OMNI_FAMILIES:
         return _offline_omni(family, tokenizer)
     if vision_rules(family) == "qwen3-vl":
@@ -310,7 +312,7 @@ def _offline_omni(family: str, tokenizer: Any) -> Any:
             padding_value=0.0, return_attention_mask=True, dither=0.0,
         ),
         tokenizer=tokenizer,
-        chat_template=chat_template_for(family),
+        chat_template=tokenizer.chat_template,
     )
 
 
@@ -420,6 +422,23 @@ def resolve_processor_source(path: str | os.PathLike[str]) -> str:
     )
 
 
+def _template_variant(family: str, variant: str | None) -> str | None:
+    """``variant`` of ``family`` as the offline builders take it: None for the family's default
+    template (its first ``TEMPLATE_VARIANTS`` entry, or no variants), else the variant.
+
+    Example: ``("qwen3-omni", "instruct")`` -> None; ``("qwen3-omni", "thinking")`` -> ``"thinking"``;
+    ``("qwen3-vl", "thinking")`` -> ValueError naming the variants there are.
+    """
+    variants = TEMPLATE_VARIANTS.get(family, ())
+    if variant is not None and variant not in variants:
+        choices = f"choose one of {', '.join(variants)}" if variants else "leave it out"
+        raise ValueError(
+            f"variant={variant!r} is not a released variant of {family!r} (only variants whose chat templates "
+            f"differ are told apart); {choices}"
+        )
+    return None if variant is None or variant == variants[0] else variant
+
+
 def load_processor(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -427,10 +446,13 @@ def load_processor(
     min_pixels: int | None = None,
     max_pixels: int | None = None,
     max_frames: int | None = None,
+    variant: str | None = None,
 ) -> Any:
     """Return a Qwen-VL processor.
 
-    ``path`` None builds the offline default of ``family`` (default ``"qwen2.5-vl"``);
+    ``path`` None builds the offline default of ``family`` (default ``"qwen2.5-vl"``), carrying
+    the chat template of the released ``variant`` for a family with several
+    (``TEMPLATE_VARIANTS``: ``"qwen3-omni"`` is ``"instruct"``, the default, or ``"thinking"``);
     otherwise ``AutoProcessor.from_pretrained(path)`` (a local directory, or a hub id: from the
     local Hugging Face cache when it is there, else downloaded; without network and cache it
     fails fast with ``UsageError``, see ``resolve_processor_source``); the model config found there, if
@@ -439,18 +461,20 @@ def load_processor(
     the frame cap are set on the returned object.
 
     Example: ``load_processor().tokenizer.convert_tokens_to_ids("<|image_pad|>")`` -> 151655;
-    ``load_processor(family="qwen3.5").image_token_id`` -> 248056 (Qwen3.5 and Qwen3.6).
+    ``load_processor(family="qwen3.5").image_token_id`` -> 248056 (Qwen3.5 and Qwen3.6);
+    ``load_processor(family="qwen3-omni", variant="thinking")`` -> the Qwen3-Omni Thinking model's.
     """
-    if path is not None and family is not None:
+    if path is not None and (family, variant) != (None, None):
+        given = "family" if family is not None else "variant"
         raise ValueError(
-            f"load_processor got both path={str(path)!r} and family={family!r}: the family of a real "
-            "processor comes from its files; pass one of them"
+            f"load_processor got both path={str(path)!r} and {given}={family or variant!r}: the family and "
+            "chat template of a real processor come from its files; pass one of them"
         )
     if path is None:
         family = family or "qwen2.5-vl"
         if family not in FAMILIES:
             raise ValueError(f"family={family!r} is not supported; choose one of {', '.join(FAMILIES)}")
-        processor = _offline_processor(family)
+        processor = _offline_processor(family, _template_variant(family, variant))
     else:
         from transformers import AutoProcessor
 

@@ -116,6 +116,13 @@ class SoundCount:
                 )
         return tokens
 
+    def frames(self, samples: Sequence[int]) -> int:
+        """Log-mel frames of one sample's sounds together (``samples``: model-rate samples of each,
+        uncapped), the clips padded together as the processor pads them (``AudioSpec.padded_length``).
+        Example: 16000 and 8000 samples at hop 160 -> 150."""
+        padded = self.spec.padded_length(samples)
+        return sum(self.spec.feature_frames(n, padded) for n in samples)
+
     def sound_tokens(self, audios: Sequence[int], videos: Sequence[int | None]) -> SoundTokens:
         """The ``SoundTokens`` of one sample from its sounds' lengths (model-rate samples, uncapped):
         ``audios`` per standalone audio, ``videos`` per video (its sound track when heard, else

@@ -1,9 +1,9 @@
 """Chat template, tokenization with media placeholders expanded, and the assistant-only loss mask.
 
 Loss is on assistant text and each assistant turn's closing ``<|im_end|>``: everything the
-template renders after an ``<|im_start|>assistant\n`` header, so for Qwen3.5 / Qwen3.6 the
-``<think>...</think>`` block (empty or not) too (docs/qwen35.md), and an assistant turn's
-``<tool_call>`` blocks. System, user and tool messages never carry loss (the Qwen templates render
+template renders after an ``<|im_start|>assistant\n`` header, so for Qwen3.5 / Qwen3.6 and
+Qwen3-Omni the ``<think>...</think>`` block (empty or not) too (docs/qwen35.md, docs/omni.md), and
+an assistant turn's ``<tool_call>`` blocks. System, user and tool messages never carry loss (the Qwen templates render
 tool results inside a user turn, ``<|im_start|>user\n<tool_response>...``). Media tokens never
 carry loss, in any turn (a model does not generate vision tokens).
 
@@ -87,6 +87,26 @@ class TokenizedConversation:
     loss_mask: np.ndarray
 
 
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Typed messages in the form chat templates receive them: a message whose parts are all text
+    gets its text as one string (``""`` for no parts), a message with media keeps its parts (a
+    string content stays as it is).
+
+    Every template renders the two forms alike but the released Qwen3-Omni ones, which count a user
+    turn as a query (its answer then renders its ``<think>`` block) only when its content is a
+    string, as the Qwen3 text templates they come from; text turns arrive as strings from every
+    record form but typed text parts (docs/omni.md, "Chat templates").
+    Example: ``[{"role": "user", "content": [text "Hi"]}]`` -> ``[{"role": "user", "content": "Hi"}]``;
+    ``[audio, text "Hi"]`` stays as it is.
+    """
+    return [
+        {**message, "content": "".join(part["text"] for part in message["content"])}
+        if not isinstance(message["content"], str) and all(part["type"] == "text" for part in message["content"])
+        else message
+        for message in messages
+    ]
+
+
 def render_conversation(
     processor: Any,
     messages: Sequence[dict[str, Any]],
@@ -95,7 +115,7 @@ def render_conversation(
     options: Mapping[str, Any] | None = None,
 ) -> str:
     """Render typed messages with the processor's chat template, no generation prompt:
-    ``processor.apply_chat_template(messages, tools=tools, **options)``.
+    ``processor.apply_chat_template(template_messages(messages), tools=tools, **options)``.
 
     ``tools``: the record's function definitions; ``options``: template options
     (``chat_template_kwargs``). Raises ``BadSampleError`` when the template cannot render the
@@ -105,7 +125,7 @@ def render_conversation(
     check_template_use(processor, messages, tools=tools, options=options or {})
     try:
         return processor.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=False,
+            template_messages(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=False,
             **(options or {}),
         )
     except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as err:
@@ -153,7 +173,7 @@ def check_template_use(
             "template_cannot_render_tools",
             f"the record uses tools (tool calls, tool results or a tools list) but the chat template of "
             f"{template_name(processor)} renders none of them (as the official Qwen2-VL / Qwen2.5-VL templates); "
-            "fix: train a model whose template renders tools (Qwen3-VL, Qwen3.5 / Qwen3.6), or write the calls "
+            "fix: train a model whose template renders tools (Qwen3-VL, Qwen3.5 / Qwen3.6, Qwen3-Omni), or write the calls "
             "and their results as plain text turns",
         )
     unknown = sorted(set(options) - variables)

@@ -43,6 +43,8 @@ class PackedSegment:
     subflavors: dict[str, Any] | None = None
     #: Qwen-Omni: the sample's sounds as log-mel features (None: it hears nothing).
     audio: AudioInputs | None = None
+    #: The blend entry the sample came from (its index in the metadataset's order; 0 outside a blend).
+    source: int = 0
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 1 or self.input_ids.numel() == 0:
@@ -146,12 +148,14 @@ class PreparedSample(Sample):
         return media + sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def segment(
-        self, mrope_position_ids: torch.Tensor, visual: VisualInputs, audio: AudioInputs | None = None
+        self, mrope_position_ids: torch.Tensor, visual: VisualInputs, audio: AudioInputs | None = None, *, source: int = 0
     ) -> PackedSegment:
-        """This sample as a row segment, with its postencoded rope positions (int64 [3, L]), pixels and sounds."""
+        """This sample as a row segment, with its postencoded rope positions (int64 [3, L]), pixels and
+        sounds, from blend entry ``source``."""
         return PackedSegment(
             key=self.__key__, input_ids=self.input_ids, labels=self.labels, loss_mask=self.loss_mask,
             mrope_position_ids=mrope_position_ids, visual=visual, subflavors=self.__subflavors__, audio=audio,
+            source=source,
         )
 
     @classmethod

@@ -14,12 +14,14 @@ import torch
 
 from energon_pack.core.visual import VisualInputs
 
-__all__ = ["PACKED_SEQ_FIELDS", "thd_partition_indices", "to_device_batch"]
+__all__ = ["PACKED_SEQ_FIELDS", "partition_positions", "thd_partition_indices", "to_device_batch"]
 
 #: Token-aligned tensors of a row; a CP split indexes them along their last dim.
 _TOKEN_KEYS = ("input_ids", "labels", "loss_mask", "position_ids", "padding_mask", "mrope_position_ids")
 _CU_SEQLENS_KEYS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
 _MAX_SEQLEN_KEYS = ("max_seqlen_q", "max_seqlen_kv")
+#: Host values of a row that ``energon_pack.metrics.RowMetrics`` reads (not model input), passed through as they are.
+_HOST_KEYS = ("__stats__", "__loader_wait_s__")
 #: Fields of ``packed_seq_params`` (Megatron-Core ``PackedSeqParams`` keyword names).
 PACKED_SEQ_FIELDS = ("qkv_format", *_CU_SEQLENS_KEYS, *_MAX_SEQLEN_KEYS)
 
@@ -52,21 +54,31 @@ def thd_partition_indices(
     lengths = cu[1:] - cu[:-1]
     if bool((lengths < 0).any()):
         raise ValueError(f"cu_seqlens_padded={cu.tolist()} decreases; fix: pass cumulative segment boundaries")
-    if cp_size == 1:
-        return torch.arange(total_tokens, device=cu.device)
     chunks = 2 * cp_size
-    if bool((lengths % chunks != 0).any()):
+    if cp_size > 1 and bool((lengths % chunks != 0).any()):
         raise ValueError(
             f"padded segment lengths {lengths.tolist()} are not all divisible by 2*cp={chunks}: the CP "
             f"load-balanced split cuts every segment into {chunks} equal chunks; fix: build rows with "
             "pad_to_multiple_of from ParallelTopology(cp=...).pad_multiple (a multiple of 2*cp)"
         )
-    chunk = lengths // chunks
+    return partition_positions(cu, total_tokens, cp_size, cp_rank)
+
+
+def partition_positions(cu_seqlens_padded: torch.Tensor, total_tokens: int, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """:func:`thd_partition_indices` without its checks, and without a host-device synchronisation
+    (every output size is known on the host): for boundaries already checked (a row of the loader,
+    or one Megatron splits). Example: [0, 8, 12], W 12, cp 2, rank 1 -> [2, 3, 4, 5, 9, 10]."""
+    cu = cu_seqlens_padded.to(torch.int64)
+    if cp_size == 1:
+        return torch.arange(total_tokens, device=cu.device)
+    chunks = 2 * cp_size
+    chunk = (cu[1:] - cu[:-1]) // chunks
     starts = torch.stack([cu[:-1] + cp_rank * chunk, cu[:-1] + (chunks - 1 - cp_rank) * chunk], dim=1).flatten()
     sizes = chunk.repeat_interleave(2)
     block_offsets = torch.cumsum(sizes, 0) - sizes
-    position = torch.arange(total_tokens // cp_size, device=cu.device)
-    return starts.repeat_interleave(sizes) + position - block_offsets.repeat_interleave(sizes)
+    shard = total_tokens // cp_size
+    position = torch.arange(shard, device=cu.device)
+    return (starts - block_offsets).repeat_interleave(sizes, output_size=shard) + position
 
 
 def to_device_batch(
@@ -97,13 +109,16 @@ def to_device_batch(
       importable, else a dict with exactly the fields PACKED_SEQ_FIELDS;
     * ``padding_mask`` (MoE router), ``mrope_position_ids`` (Qwen-VL rope), ``__keys__``;
     * ``loss_tokens`` int32 [n_segments] on the device, supervised tokens per segment for a
-      custom loss reduction (``vlm_step`` reads only its own keys and passes this one over).
+      custom loss reduction (``vlm_step`` reads only its own keys and passes this one over);
+    * ``segment_source`` int32 [n_segments] on the device (each segment's source), and the host
+      values ``__stats__`` and ``__loader_wait_s__`` when the row has them: what
+      ``energon_pack.metrics.RowMetrics`` reads.
 
     Host tensors are pinned and copied with ``non_blocking=True`` when ``device`` is CUDA,
     plainly otherwise. With ``split_for_cp=True`` every token-aligned tensor is cut to this
     CP rank's share (:func:`thd_partition_indices`, last dim) before the copy; cu_seqlens,
     max_seqlen and total_tokens stay global, as Transformer Engine's THD CP attention
-    expects; loss_tokens and visual inputs stay whole (per segment, not per token). Bridge's
+    expects; loss_tokens, segment_source and visual inputs stay whole (per segment, not per token). Bridge's
     VLM models split the row themselves, so leave ``split_for_cp`` False there.
     """
     target = torch.device(device)
@@ -149,6 +164,9 @@ def to_device_batch(
         **{key: int(out[key]) for key in _MAX_SEQLEN_KEYS},
     )
     out["__keys__"] = list(batch.get("__keys__", []))
+    if "segment_source" in batch:
+        out["segment_source"] = move(batch["segment_source"])
+    out.update({key: batch[key] for key in _HOST_KEYS if key in batch})
     return out
 
 

@@ -55,7 +55,8 @@ def build_thd_row(
     Returns the docs/batch_contract.md dict: input_ids/labels/position_ids int64 [1, W], loss_mask
     float32 [1, W], mrope_position_ids int64 [3, 1, W], attention_mask None, padding_mask bool
     [1, W], cu_seqlens_{q,kv}(_padded) int32 [n+1], max_seqlen_{q,kv} int32 0-dim,
-    total_tokens W, loss_tokens int32 [n], visual_inputs, __keys__; Qwen-Omni rows with sound
+    total_tokens W, loss_tokens int32 [n], visual_inputs, __keys__, __subflavors__, segment_source
+    int32 [n] (each segment's blend entry, ``PackedSegment.source``); Qwen-Omni rows with sound
     also ``audio_inputs`` (`AudioInputs`: features [n_mels, sum of frames], frames per sound).
 
     Each segment's last real token has no next token inside the segment, so its label is
@@ -149,6 +150,7 @@ def build_thd_row(
         "visual_inputs": VisualInputs.concat([seg.visual for seg in segments]),
         "__keys__": [seg.key for seg in segments],
         "__subflavors__": [seg.subflavors for seg in segments],
+        "segment_source": torch.tensor([seg.source for seg in segments], dtype=torch.int32),
         # Qwen-Omni rows only (rows without sound have no such key): sounds without padding.
         **({"audio_inputs": audio} if (audio := AudioInputs.concat([seg.audio for seg in segments])) else {}),
     }

@@ -36,16 +36,32 @@ BLEND_KEY_NAMES: tuple[str, ...] = ("BlendDataset", "ShareBlendDataset")
 MAX_UNSUPERVISED_RUN = 64
 
 
-def blend_source(restore_key: Sequence[Any]) -> int | None:
-    """The blend entry a sample came from, read from its Energon restore key; None outside a blend.
+#: Restore-key names that number a sample's source dataset: the blends, and the concatenation of a
+#: metadataset's leaves that Energon reads a validation split through.
+SOURCE_KEY_NAMES: tuple[str, ...] = (*BLEND_KEY_NAMES, "ConcatDataset")
+
+
+def blend_source(restore_key: Sequence[Any], names: Sequence[str] = BLEND_KEY_NAMES) -> int | None:
+    """The blend entry a sample came from, read from its Energon restore key (the first of ``names``
+    in it); None outside a blend.
 
     Example: ``("MapDataset", 7, "BlendDataset", 1, "Webdataset", "shard-0.tar", 3)`` -> 1;
     ``("Webdataset", "shard-0.tar", 3)`` -> None.
     """
     for name, value in zip(restore_key, restore_key[1:]):
-        if name in BLEND_KEY_NAMES and isinstance(value, int):
+        if name in names and isinstance(value, int):
             return value
     return None
+
+
+def segment_source(restore_key: Sequence[Any] | None) -> int:
+    """A row segment's source index (``row["segment_source"]``): the metadataset entry its sample came
+    from, 0 for a sample of a plain dataset (or without a restore key).
+
+    Example: ``("BlendDataset", 2, "Webdataset", "s.tar", 9)`` -> 2; ``("ConcatDataset", 1, ...)``
+    (a metadataset's validation split) -> 1; ``("Webdataset", "s.tar", 9)`` -> 0; ``None`` -> 0.
+    """
+    return blend_source(restore_key or (), SOURCE_KEY_NAMES) or 0
 
 
 class UnsupervisedSourceError(ValueError):

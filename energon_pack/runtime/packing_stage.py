@@ -92,47 +92,92 @@ def packing_state_problems(state: Any) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True, kw_only=True)
+class ParkedSample:
+    """What the buffer keeps of a parked sample (its data dropped until its row is next): the
+    tokens it fills (after a restore, its aligned slots: the same row position)."""
+
+    num_tokens: int
+
+    def nbytes(self) -> int:
+        """Bytes of its data held: none."""
+        return 0
+
+
 class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
     """The stage's buffered samples by arrival index; saved as Energon restore keys and re-read
-    from the source when a restored worker starts (``worker_start``)."""
+    from the source when a restored worker starts (``worker_start``).
+
+    A sample may be *parked*: only its restore key (and token count) is held, and it is read
+    again by key (Energon's random access, deterministic) when it is taken. ``reads`` counts, in
+    this process, samples read again by key: ``"restore"`` when a restored worker starts,
+    ``"parked"`` when a parked sample is taken (not saved: telemetry).
+
+    ``slots(sample)``: the row slots a sample (or a parked one) takes; :attr:`slots_total`, their
+    sum over the buffered samples, is kept as samples come and go (O(1) each) and recomputed on
+    restore (derived, never saved).
+    """
 
     _savable_fields = ("_restore_keys",)
 
-    def __init__(self, dataset: SavableDataset[PreparedSample], *, worker_config: WorkerConfig) -> None:
+    def __init__(
+        self, dataset: SavableDataset[PreparedSample], *, slots: Callable[[PreparedSample | ParkedSample], int],
+        worker_config: WorkerConfig,
+    ) -> None:
         super().__init__(dataset, worker_config=worker_config)
+        self._slots = slots
         self._restore_pending = False
+        self.reads = {"restore": 0, "parked": 0}
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
-        self._samples: dict[int, PreparedSample] = {}
+        self._samples: dict[int, PreparedSample | ParkedSample] = {}
         self._restore_keys: dict[int, tuple[Any, ...]] = {}
+        #: Row slots of the buffered samples, summed.
+        self.slots_total = 0
 
-    def worker_start(self) -> None:
-        """Re-read the samples of a restored state (once)."""
+    def worker_start(self, parked: Mapping[int, int] | None = None) -> None:
+        """Re-read the samples of a restored state (once), but for ``parked`` ones (arrival index ->
+        aligned slots), which stay parked until taken."""
         if self._restore_pending:
             self._restore_pending = False
-            self._samples = {index: self.restore_sample(key) for index, key in self._restore_keys.items()}
+            parked = parked or {}
+            self._samples = {index: ParkedSample(num_tokens=parked[index]) if index in parked
+                             else self.restore_sample(key) for index, key in self._restore_keys.items()}
+            self.reads["restore"] += sum(index not in parked for index in self._restore_keys)
+            self.slots_total = sum(self._slots(sample) for sample in self._samples.values())
 
     def put(self, index: int, sample: PreparedSample) -> None:
         """Hold ``sample`` under arrival index ``index``."""
         self._samples[index] = sample
         self._restore_keys[index] = get_sample_restore_key(sample)
+        self.slots_total += self._slots(sample)
+
+    def park(self, index: int) -> None:
+        """Drop the data of the sample of arrival index ``index``, keeping its restore key."""
+        self._samples[index] = ParkedSample(num_tokens=self._samples[index].num_tokens)
 
     def peek(self, index: int) -> PreparedSample:
-        """The sample of arrival index ``index`` (kept)."""
-        return self._samples[index]
+        """The sample of arrival index ``index`` (kept; a parked one is read again and stays parked)."""
+        sample = self._samples[index]
+        if isinstance(sample, ParkedSample):
+            self.reads["parked"] += 1
+            return self.restore_sample(self._restore_keys[index])
+        return sample
 
     def pop(self, index: int) -> PreparedSample:
-        """Remove and return the sample of arrival index ``index``."""
-        del self._restore_keys[index]
-        return self._samples.pop(index)
+        """Remove and return the sample of arrival index ``index`` (a parked one read again)."""
+        self.slots_total -= self._slots(self._samples[index])
+        sample = self.peek(index)
+        del self._restore_keys[index], self._samples[index]
+        return sample
 
-    def __iter__(self) -> Iterator[PreparedSample]:
-        """The buffered samples in arrival order."""
+    def __iter__(self) -> Iterator[PreparedSample | ParkedSample]:
+        """The buffered samples in arrival order (parked ones as :class:`ParkedSample`)."""
         return iter([self._samples[index] for index in sorted(self._samples)])
 
     def nbytes(self) -> Iterator[int]:
-        """Bytes held by each buffered sample."""
+        """Bytes held by each buffered sample (0 for a parked one)."""
         return (sample.nbytes() for sample in self._samples.values())
 
     def len_worker(self, worker_idx: int | None = None) -> int:
@@ -202,6 +247,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         #: The share blend upstream (``blend_unit`` tokens, a schedule), told where this worker's
         #: next row is and which samples failed to decode; None without one.
         self.blend = blend
+        #: Rounds of the default size are one row under a share blend of tokens (``TOKEN_BLEND_ROUND_ROWS``).
+        self._round = round_size(row, policy, token_blend=blend is not None and blend.unit != "samples")
         if blend is not None:
             blend.row_position = self._upcoming_row
         self._published_at = -math.inf
@@ -209,10 +256,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
         self.reset_state_own()
 
     def reset_state_own(self) -> None:
-        self._samples = ArrivalBuffer(self.dataset, worker_config=self.worker_config)
+        self._samples = ArrivalBuffer(self.dataset, slots=self._slots, worker_config=self.worker_config)
         self._planner = RoundPlanner(
             budget=self.budget,
-            round_size=round_size(self.row, self.policy),
+            round_size=self._round,
             min_fill=self.policy.min_fill,
             max_wait_rounds=self.policy.max_wait_rounds,
         )
@@ -242,7 +289,7 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     # --- stream -------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[PackedRow]:
-        self._samples.worker_start()
+        self._samples.worker_start(self._parked_at_restore())
         stage_times.start_epoch()
         restored, self._restored = self._restored, False
         self._stats.worker_id = self.worker_config.rank_worker_id()
@@ -253,6 +300,11 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                     yield row
         finally:
             self._publish_stats(force=True)
+
+    def _parked_at_restore(self) -> dict[int, int]:
+        """Buffered samples a restored worker leaves parked (arrival index -> aligned slots): none;
+        the balanced stage parks its window's."""
+        return {}
 
     def _stream(self, restored: bool) -> Iterator[PackedRow]:
         planner = self._planner
@@ -313,9 +365,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
 
     def _upcoming_row(self) -> int:
         """The index of the row (of this worker) that a sample read now is expected to land in:
-        rows emitted plus the rows the buffered samples fill."""
-        buffered = sum(self._slots(sample) for sample in self._samples)
-        return self._stats.rows + buffered // self.row.seq_length
+        rows emitted plus the rows the buffered samples fill (their slots, kept summed by the buffer)."""
+        return self._stats.rows + self._samples.slots_total // self.row.seq_length
 
     def _skip(self, sample: Any, reason: str, detail: str | None) -> None:
         self._stats.count_skip(reason, source=blend_source(getattr(sample, "__restore_key__", None) or ()))
@@ -339,7 +390,8 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     def _measure_telemetry(self) -> dict[str, Any]:
         return {
             **self._stats.snapshot(),
-            **worker_telemetry(self._samples.nbytes(), pending_samples=len(self._planner.pending)),
+            **worker_telemetry(self._samples.nbytes(), pending_samples=len(self._planner.pending),
+                               reads=self._samples.reads),
         }
 
     def _publish_stats(self, snapshot: dict[str, Any] | None = None, *, force: bool = False) -> None:
@@ -449,6 +501,6 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
 
     def __str__(self) -> str:
         return (
-            f"PendingGroupPackingDataset(seq_length={self.row.seq_length}, {round_size(self.row, self.policy)}, "
+            f"PendingGroupPackingDataset(seq_length={self.row.seq_length}, {self._round}, "
             f"dataset={self.dataset})"
         )

@@ -16,6 +16,7 @@ from megatron.energon.savable_loader import (
     SavableDatasetState,
 )
 
+from energon_pack.core.token_rules import check_token_rules, recorded_rules
 from energon_pack.identity import check_resume_fingerprint
 from energon_pack.packing.planner import is_count
 from energon_pack.runtime.balanced_stage import BalancedPackingDataset, balanced_state_problems
@@ -138,8 +139,10 @@ def check_restored_type(
 ) -> None:
     """The checks every loader's ``restore_state_rank`` starts with: TypeError unless ``state`` is a
     ``state_type`` (the object ``<loader_name>.save_state_rank()`` returned; ``note`` adds to the fix),
-    then the saved fingerprint against ``current_fingerprint`` (`check_resume_fingerprint`) when the
-    state carries one as a mapping (a damaged one is left to the loader's own state checks).
+    then, when the state carries a fingerprint as a mapping (a damaged one is left to the loader's
+    own state checks), its token rules (``TokenRulesError``, also with ``allow_inexact``: a state
+    of other token rules holds other counts) and the rest against ``current_fingerprint``
+    (`check_resume_fingerprint`).
 
     Example: ``check_restored_type({}, PlanLoaderState, loader_name="PlanDataLoader", ...)`` -> TypeError
     "restore_state_rank got dict; pass the object returned by PlanDataLoader.save_state_rank()".
@@ -151,4 +154,9 @@ def check_restored_type(
         )
     saved = getattr(state, "fingerprint", None)
     if isinstance(saved, Mapping):
+        check_token_rules(
+            recorded_rules(saved), f"the {loader_name} state",
+            "restore it with the energon_pack release that saved it, or start this loader afresh (do not call "
+            "restore_state_rank; with a plan, rebuild the plan first)",
+        )
         check_resume_fingerprint(saved, current_fingerprint, allow_inexact=allow_inexact)

@@ -258,14 +258,19 @@ def peak_rss_bytes(pid: int | None = None) -> int:
     return int(psutil.Process(pid).memory_info().rss)
 
 
-def worker_telemetry(buffered_bytes: Iterable[int], *, pending_samples: int) -> dict[str, int]:
-    """Measurements attached to a row (not part of the saved state): peak RSS, buffer contents and
-    this process's seconds per pipeline stage and its active wall / CPU seconds
-    (``energon_pack.core.stage_times``).
+def worker_telemetry(
+    buffered_bytes: Iterable[int], *, pending_samples: int, reads: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Measurements attached to a row (not part of the saved state): peak RSS, buffer contents,
+    samples this process read again by restore key (``reads``: ``restore_reads`` when a restored
+    worker started, ``parked_reads`` when a parked sample's row came) and this process's seconds
+    per pipeline stage and its active wall / CPU seconds (``energon_pack.core.stage_times``).
 
     Example: buffers holding samples of 100 and 300 bytes, one of them pending ->
-    ``{"peak_rss_bytes": ..., "buffered_samples": 2, "buffered_bytes": 400, "pending_samples": 1}``.
+    ``{"peak_rss_bytes": ..., "buffered_samples": 2, "buffered_bytes": 400, "pending_samples": 1,
+    "restore_reads": 0, "parked_reads": 0, ...}``.
     """
+    reads = reads or {}
     from energon_pack.core.stage_times import stage_seconds, worker_seconds
 
     sizes = list(buffered_bytes)
@@ -274,6 +279,8 @@ def worker_telemetry(buffered_bytes: Iterable[int], *, pending_samples: int) -> 
         "buffered_samples": len(sizes),
         "buffered_bytes": sum(sizes),
         "pending_samples": pending_samples,
+        "restore_reads": reads.get("restore", 0),
+        "parked_reads": reads.get("parked", 0),
         "stage_seconds": stage_seconds(),
         "worker_seconds": worker_seconds(),
     }

@@ -32,7 +32,7 @@ from energon_pack.errors import BadSampleError
 from energon_pack.formats.energon_webdataset import AuxLoading
 from energon_pack.packing.budget import fits_one_row, row_budget, sample_misfit
 from energon_pack.config.blend import schedule_size_problem, weights_problem
-from energon_pack.runtime.blend_stage import ShareBlendDataset
+from energon_pack.runtime.blend_stage import ShareBlendDataset, segment_source
 from energon_pack.runtime.balanced_stage import BalancedPackingDataset, online_balance
 from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, RowSteps
 from energon_pack.qwen.encode import PreparedChat, QwenChatEncoder
@@ -130,6 +130,9 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
         self.exclude = ExcludeList(config.loader.exclude)
         #: The metadataset's blend entries (``blend_entry``) once the train dataset is built; [] without a blend.
         self.blend_entries: list[dict[str, Any]] = []
+        #: Every dataset the rows' ``segment_source`` numbers (``blend_entry``; one for a plain dataset)
+        #: once the train or validation dataset is built.
+        self.source_entries: list[dict[str, Any]] = []
         #: The share blend of a token unit or schedule (one per worker after forking), else None.
         self._share_blend: ShareBlendDataset | None = None
         #: Modelled FLOPs of rows (``row_cost["flops"]``) when ``config.policy.cost_model`` is set.
@@ -178,6 +181,12 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
             **vars(prepared),
         )
 
+    @property
+    def token_blend(self) -> bool:
+        """Whether the train dataset built is a share blend of tokens or supervised tokens (its
+        default round is one row: ``TOKEN_BLEND_ROUND_ROWS``)."""
+        return self._share_blend is not None and self.config.policy.blend_unit != "samples"
+
     def blend_units(self, sample: PreparedSample) -> int:
         """What ``sample`` counts toward its source's share under ``blend_unit``: 1, its real tokens
         or its supervised tokens; 0 for a sample no row will carry (a skip marker, a misfit)."""
@@ -203,7 +212,10 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
         prepared = PreparedChat(**{f.name: getattr(sample, f.name) for f in fields(PreparedChat)})
         with self.inflight.decoding(sample, "postencode"):
             encoded = self.chat.encode(prepared, sample.images, sample.videos, slots=slots, audios=sample.audios or ())
-        segment = sample.segment(encoded.mrope_position_ids, encoded.visual, encoded.audio)
+        segment = sample.segment(
+            encoded.mrope_position_ids, encoded.visual, encoded.audio,
+            source=segment_source(getattr(sample, "__restore_key__", None)),
+        )
         return EncodedSample.derive_from(sample, segment=segment)
 
     def allocate_row_pixels(self, samples: list[PreparedSample]) -> list[PixelSlots]:
@@ -334,7 +346,8 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
             )
         self._share_blend = None
         blended = len(datasets) > 1 and blend_mode in (DatasetBlendMode.DATASET_WEIGHT, DatasetBlendMode.SAMPLE_REPETITIONS)
-        self.blend_entries = [blend_entry(i, d) for i, d in enumerate(datasets)] if blended else []
+        self.source_entries = [blend_entry(i, d) for i, d in enumerate(datasets)]
+        self.blend_entries = self.source_entries if blended else []
         self._check_blend(datasets, blend_mode, blended)
         policy = self.config.policy
         if blended and (policy.blend_unit != "samples" or policy.blend_schedule is not None):
@@ -342,6 +355,11 @@ class QwenVLPackingTaskEncoder(AuxLoading, TaskEncoder[QwenVLChatSample, Prepare
         return super().build_train_datasets(
             datasets=datasets, worker_config=worker_config, blend_mode=blend_mode, repeat=repeat, **kwargs
         )
+
+    def build_val_datasets(self, *, datasets: list[Any], **kwargs: Any) -> SavableDataset[dict]:
+        """Energon's, recording the datasets (``source_entries``) its ``ConcatDataset`` numbers."""
+        self.source_entries = [blend_entry(i, d) for i, d in enumerate(datasets)]
+        return super().build_val_datasets(datasets=datasets, **kwargs)
 
     def _check_blend(self, datasets: list[Any], blend_mode: DatasetBlendMode, blended: bool) -> None:
         """Refuse blend settings that do not fit the metadataset, naming the value, the rule and the fix."""

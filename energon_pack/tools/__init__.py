@@ -22,9 +22,11 @@ ratio holds on a noisy machine.
   eager design per model family on a mix of 12 MP phone photos, long 1080p clips and a 4K clip:
   samples/s, tokens/s, worker USS / RSS, efficiency against the floor, cores per GPU.
 - ``--media audio`` (`bench_audio_mix`, `audio_mix`): the loader stage, ours against the eager design
-  per Omni family on a mix of speech-like clips of 1-30 s (WAV, FLAC, MP3, AAC/M4A, Ogg/Opus), videos
-  heard with their sound, images and text: samples/s, worker USS / RSS, and the audio frames the rows
-  carry against the sounds' real frames (eager pads every sound as the processor does).
+  per Omni family on a mix of speech-like clips of 1-30 s (WAV, FLAC, MP3, AAC/M4A, Ogg/Opus; WAV
+  44.1 kHz stereo on request), videos heard with their sound, images and text: samples/s, worker CPU s
+  per sample, worker USS / RSS, the audio frames the rows carry against the sounds' real frames
+  (eager pads every sound as the processor does), and ours against the floor of decoding,
+  resampling and featurising the sounds alone (`audio_floor`).
 - ``jpeg`` (`bench_jpeg`): the optional fast JPEG decode (``RowLayout.fast_jpeg_decode``, "ours")
   against the exact path ("HF"): images/s, max abs difference and PSNR of the patches.
 - ``prepare`` (`bench_prepare`): ``prepare`` from Parquet with embedded JPEGs against the same
@@ -35,8 +37,11 @@ ratio holds on a noisy machine.
 - ``balance`` (`bench_balance`): balanced steps without a plan on real loaders of several ranks:
   step imbalance from the rows' own FLOPs, today's order against balanced windows, beside the rank floor
   no order of the same rows goes below (not in ``--stage all``).
+- ``metrics`` (`bench_metrics`): a training step of a tiny Qwen2.5-VL on CPU with and without
+  ``RowMetrics``, and the share of the step the metrics calls take (not in ``--stage all``).
 - ``audio`` (`bench_audio`): Qwen2.5-Omni features of 1-30 s clips, their real frames against the
-  Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input.
+  Hugging Face processor's 300-s padding: milliseconds per clip and audio encoder input; then per
+  format, the length count and decode against PyAV alone and the features against torch.stft alone.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from energon_pack.tools.bench_audio import bench_audio
 from energon_pack.tools.bench_audio_mix import audio_bench_options, bench_audio_mix
 from energon_pack.tools.bench_jpeg import bench_jpeg
 from energon_pack.tools.bench_loader import LoaderBenchOptions, bench_loader, loader_options
+from energon_pack.tools.bench_metrics import bench_metrics
 from energon_pack.tools.bench_plan import bench_plan, plan_options
 from energon_pack.tools.bench_postencode import bench_postencode
 from energon_pack.tools.bench_preencode import bench_preencode
@@ -78,12 +84,14 @@ BENCHES: dict[str, Callable[[int, Path], BenchRows]] = {
     "blend": bench_blend,
     "balance": bench_balance,
     "audio": bench_audio,
+    "metrics": bench_metrics,
 }
 #: Stages whose benchmark takes options from the command line and prints its own tables.
 OPTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "loader": loader_options, "plan": plan_options, "foreign": lambda args: None, "prepare": prepare_options,
     "blend": blend_options,
     "balance": balance_options,
+    "metrics": lambda args: None,
 }
 #: Stages of ``--stage all``, in run order.
 STAGES: tuple[str, ...] = ("preencode", "postencode", "loader", "jpeg", "plan", "foreign", "prepare", "audio")
@@ -117,6 +125,9 @@ def run_bench(args: argparse.Namespace) -> int:
 def _run_media_mix(args: argparse.Namespace, work_dir: Path) -> int:
     """``bench --media realistic`` / ``--media audio``: the loader stage on the realistic mix
     (`bench_realistic`) or on the audio mix (`bench_audio_mix`)."""
+    if args.stage == "balance" and args.media == "realistic":
+        _print_tables(bench_balance(args.samples, work_dir, balance_options(args)))
+        return 0
     if args.stage not in ("all", "loader"):
         raise UsageError(
             f"--media {args.media} runs the loader stage, not --stage {args.stage}; fix: drop --stage or use --stage loader"

@@ -10,10 +10,19 @@ ranks' total: step time against perfectly balanced steps), the rank floor (the c
 total over the mean rank's total: no order of the same rows goes below it), the row cost CV and
 fill, today against balanced. Without
 ``--dataset`` the bench reads the synthetic image + video mix of ``--samples`` samples (made once).
+
+A second table puts what balancing costs a worker side by side, plain against balanced, on rank 0
+of ``--balance-dp``: worker peak USS (every worker process, sampled every 50 ms), seconds from
+building the loader to its first row, seconds from building a loader restored from a state saved
+after ``--rows`` rows (a step boundary) to its first row, the samples that restore read again by
+key (``loader.stats()["restore_reads"]``) and the samples read again per row because their row
+waited in a window (``parked_reads``). With ``--media realistic`` only this table runs, on the
+realistic mix (12 MP photos, web-encoded clips: ``--photos``, ``--clips``, ``--mix-scale``).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +30,11 @@ from typing import Any
 import numpy as np
 
 from energon_pack.tools.common import BenchRows
+from energon_pack.tools.realistic_mix import RealisticMix, clip_durations, realistic_dataset
 
 COLUMNS = ["order", "step imbalance (mean)", "p99", "summed", "rank floor", "row cost CV", "fill", "rows per rank"]
+COST_COLUMNS = ["loader", "worker peak USS MiB", "s to first row", "s restore to first row", "reads per restore",
+                "parked reads per row"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,14 +51,20 @@ class BalanceBenchOptions:
     rows: int
     window_rows: int
     cost_model: str
+    #: The realistic mix to read instead (``--media realistic``: the cost table only), else None.
+    realistic: RealisticMix | None = None
 
 
 def balance_options(args: Any) -> BalanceBenchOptions:
     """The knobs from the command line."""
+    realistic = None
+    if getattr(args, "media", "synthetic") == "realistic":
+        realistic = RealisticMix(photos=args.photos, clip_seconds=clip_durations(args.clips)).scaled(args.mix_scale)
     return BalanceBenchOptions(
-        dataset=getattr(args, "dataset", None), seq_length=args.seq_length or 1024, dp=args.balance_dp,
+        dataset=getattr(args, "dataset", None), seq_length=args.seq_length or (1024 if realistic is None else 32768),
+        dp=args.balance_dp,
         micro=args.balance_micro, workers=args.workers, rows=args.rows, window_rows=args.window_rows,
-        cost_model=args.cost_model,
+        cost_model=args.cost_model, realistic=realistic,
     )
 
 
@@ -82,13 +100,81 @@ def rank_row_flops(path: Any, config: Any, processor: Any, *, dp: int, rows: int
     return np.array(flops, dtype=np.float64), stats
 
 
+def loader_costs(path: Any, config: Any, processor: Any, *, dp: int, rows: int) -> dict[str, float]:
+    """What one loader (rank 0 of ``dp``) costs: worker peak USS (bytes), seconds to its first row,
+    and, for a loader restored from the state saved after ``rows`` rows, seconds to its first row,
+    samples read again by key at the restore and parked samples read again per row."""
+    from energon_pack.loader import get_packing_loader
+    from energon_pack.tools.bench_loader import WorkerMemorySampler
+
+    sampler = WorkerMemorySampler()
+    sampler.start()
+    try:
+        start = time.perf_counter()
+        with get_packing_loader(path, config, processor, rank=0, world_size=dp) as loader:
+            iterator = iter(loader)
+            next(iterator)
+            first = time.perf_counter() - start
+            for _ in range(rows - 1):
+                next(iterator)
+            state = loader.save_state_rank()
+            parked = loader.stats()["parked_reads"]
+        start = time.perf_counter()
+        with get_packing_loader(path, config, processor, rank=0, world_size=dp) as resumed:
+            resumed.restore_state_rank(state)
+            iterator = iter(resumed)
+            next(iterator)
+            restored = time.perf_counter() - start
+            for _ in range(2 * max(1, config.num_workers) - 1):  # a row from every worker: each one's snapshot
+                next(iterator)
+            reads = resumed.stats()["restore_reads"]
+    finally:
+        sampler.stop()
+    return {"uss": sampler.peak_uss, "first": first, "restored": restored, "reads": reads, "parked": parked / rows}
+
+
+def cost_table(path: Any, processor: Any, options: BalanceBenchOptions) -> BenchRows:
+    """Plain against balanced loaders' costs (:func:`loader_costs`), and balanced / plain."""
+    from energon_pack.config import PackingConfig
+
+    rows = max(options.micro, options.rows - options.rows % options.micro)  # saved at a step boundary
+    figures = {}
+    for balance in (False, True):
+        config = PackingConfig(
+            seq_length=options.seq_length, num_workers=options.workers, repeat=True, cost_model=options.cost_model,
+            balance_steps=balance, micro_batches_per_step=options.micro, balance_window_rows=options.window_rows,
+        )
+        figures[balance] = loader_costs(path, config, processor, dp=options.dp, rows=rows)
+    table: BenchRows = [{
+        "loader": f"balanced (windows of {options.window_rows} rows)" if balance else "plain",
+        "worker peak USS MiB": f"{f['uss'] / 2**20:.0f}", "s to first row": f"{f['first']:.2f}",
+        "s restore to first row": f"{f['restored']:.2f}", "reads per restore": f"{f['reads']}",
+        "parked reads per row": f"{f['parked']:.2f}",
+    } for balance, f in figures.items()]
+    plain, balanced = figures[False], figures[True]
+    table.append({
+        "loader": "balanced / plain", "worker peak USS MiB": f"{balanced['uss'] / plain['uss']:.2f}x",
+        "s to first row": f"{balanced['first'] / plain['first']:.2f}x",
+        "s restore to first row": f"{balanced['restored'] / plain['restored']:.2f}x",
+        "reads per restore": f"{balanced['reads'] / max(1, plain['reads']):.2f}x", "parked reads per row": "",
+    })
+    return table
+
+
 def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions) -> list[tuple[str, BenchRows, list[str]]]:
-    """One table: today's order against balanced windows, from real loaders' rows."""
+    """Today's order against balanced windows, from real loaders' rows; then what balancing costs a
+    worker (:func:`cost_table`). With ``options.realistic``: the cost table on the realistic mix."""
     from energon_pack.config import PackingConfig
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
     from energon_pack.packing.simulate import rank_floor, summed_step_imbalance
     from energon_pack.qwen.processor import load_processor
 
+    processor = load_processor()
+    cost_title = (f"what balancing costs a worker (rank 0 of DP{options.dp}, {options.workers} workers, "
+                  f"W={options.seq_length}, state saved after {options.rows} rows)")
+    if options.realistic is not None:
+        path = str(realistic_dataset(work_dir, options.realistic))
+        return [(f"{cost_title}, realistic mix {path}", cost_table(path, processor, options), COST_COLUMNS)]
     path = options.dataset
     if path is None:
         folder = work_dir / f"balance-{num_samples}"
@@ -96,7 +182,6 @@ def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions
             spec = SyntheticSpec(max_image_side=768, max_video_seconds=2.0, max_video_side=96)
             make_synthetic_dataset(folder, num_samples, seed=5, spec=spec, samples_per_shard=20)
         path = str(folder / "dataset")
-    processor = load_processor()
     table: BenchRows = []
     for balance in (False, True):
         config = PackingConfig(
@@ -115,4 +200,4 @@ def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions
         })
     title = (f"balanced steps without a plan, real loaders ({path}; DP{options.dp} x {options.micro} micro-batches, "
              f"{options.workers} workers per rank, W={options.seq_length}, cost model {options.cost_model})")
-    return [(title, table, COLUMNS)]
+    return [(title, table, COLUMNS), (f"{cost_title}, {path}", cost_table(path, processor, options), COST_COLUMNS)]

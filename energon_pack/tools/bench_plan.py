@@ -6,7 +6,9 @@ the reference mix (``energon_pack.packing.simulate.iter_reference_mix``), split 
 1000; with ``--dataset`` the split is measured first (header-only preencode, ``--workers``
 processes) and the measure seconds are reported too. Then: plan (``plan_measurement``), save
 (format 2), open (``open_plan``, header only) and read one rank's rows (rank 0 of 64).
-Peak memory is the process's peak RSS over the whole run.
+Peak memory is the process's peak RSS over the whole run. A second table times the row interleave
+of a metadataset's plan (``plan.blend.interleave_rows``) on ``--interleave-rows`` synthetic rows of
+two sources.
 
 Example: ``energon-pack bench --stage plan --samples 10000000`` -> a table with
 ``plan (s)``, ``peak RSS (MiB)``, ``open + first row (s)``, ...
@@ -27,7 +29,7 @@ import numpy as np
 
 from energon_pack.tools.common import BenchRows
 
-__all__ = ["PlanBenchOptions", "bench_plan", "plan_options", "synthetic_measurement"]
+__all__ = ["PlanBenchOptions", "bench_interleave", "bench_plan", "plan_options", "synthetic_compositions", "synthetic_measurement"]
 
 #: Ranks of the "one rank reads its rows" figure.
 READ_RANKS = 64
@@ -41,6 +43,8 @@ class PlanBenchOptions:
     dataset: str | None = None
     seq_length: int = 8192
     workers: int = 2
+    #: Rows of the interleave timing (0: none).
+    interleave_rows: int = 1_000_000
 
 
 def plan_options(args: Any) -> PlanBenchOptions:
@@ -50,6 +54,7 @@ def plan_options(args: Any) -> PlanBenchOptions:
         dataset=getattr(args, "dataset", None),
         seq_length=getattr(args, "seq_length", defaults.seq_length),
         workers=getattr(args, "workers", defaults.workers),
+        interleave_rows=getattr(args, "interleave_rows", defaults.interleave_rows),
     )
 
 
@@ -135,7 +140,49 @@ def bench_plan(num_samples: int, work_dir: Path, options: PlanBenchOptions | Non
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     rows.append({"metric": "peak RSS (MiB)", "value": f"{_peak_rss_mib():.0f}"})
-    return [(f"plan: {source} (W={config.seq_length}, format 2)", summary + rows, ["metric", "value"])]
+    tables = [(f"plan: {source} (W={config.seq_length}, format 2)", summary + rows, ["metric", "value"])]
+    if options.interleave_rows > 0:
+        tables.append(bench_interleave(options.interleave_rows, seq_length=config.seq_length))
+    return tables
+
+
+def synthetic_compositions(num_rows: int, *, seq_length: int, seed: int = 0) -> np.ndarray:
+    """float [num_rows, 2]: real tokens of each of two sources in each row, as best-fit-decreasing
+    packs a blend (each row mostly one source's, a tenth of it the other's, full to within 2 %).
+
+    Example: ``synthetic_compositions(3, seq_length=8192).sum(axis=1)`` -> three totals in 8028..8192.
+    """
+    rng = np.random.default_rng(seed)
+    totals = rng.integers(int(seq_length * 0.98), seq_length + 1, num_rows)
+    minor = rng.integers(0, totals // 10 + 1)
+    major = rng.integers(0, 2, num_rows)
+    compositions = np.empty((num_rows, 2))
+    compositions[np.arange(num_rows), major] = totals - minor
+    compositions[np.arange(num_rows), 1 - major] = minor
+    return compositions
+
+
+def bench_interleave(num_rows: int, *, seq_length: int = 8192) -> tuple[str, BenchRows, list[str]]:
+    """Time ``interleave_rows`` (a metadataset plan's row order) on ``num_rows`` (> 0) synthetic rows
+    of two sources; also the worst share of consecutive 64-row windows (points off the whole's)."""
+    from energon_pack.plan.blend import interleave_rows
+
+    compositions = synthetic_compositions(num_rows, seq_length=seq_length)
+    start = time.perf_counter()
+    order = interleave_rows(compositions, seed=0)
+    seconds = time.perf_counter() - start
+    read = compositions[order]
+    share = read[:, 0].sum() / read.sum()
+    window = min(64, num_rows)
+    windows = read[: num_rows // window * window].reshape(-1, window, 2).sum(axis=1)
+    worst = float(np.max(np.abs(windows[:, 0] / windows.sum(axis=1) - share)))
+    rows: BenchRows = [
+        {"metric": "rows", "value": num_rows},
+        {"metric": "interleave (s)", "value": f"{seconds:.2f}"},
+        {"metric": "rows per second", "value": f"{num_rows / max(seconds, 1e-9):,.0f}"},
+        {"metric": f"worst {window}-row window, off the share (points)", "value": f"{100 * worst:.2f}"},
+    ]
+    return (f"plan interleave: {num_rows} rows of 2 sources (W={seq_length})", rows, ["metric", "value"])
 
 
 def _ensure(folder: Path) -> Path:

@@ -133,12 +133,12 @@ def omni_audio_kwargs(
 
     Example: parts [video, audio] heard -> audio=[sound of videos[0], audios[0]], indices [0, None].
     """
-    from dataclasses import replace
+    from energon_pack.tools.audio_floor import pyav_waveform
 
-    from energon_pack.qwen.audio import AudioSpec, decode_audio
-
-    # The processor hears what it is given, up to the model's cap: decode at its extractor's rate.
-    spec = replace(AudioSpec(), sampling_rate=int(processor.feature_extractor.sampling_rate))
+    # The processor hears what it is given, up to the model's cap: decoded with PyAV frame by frame
+    # (the plain decode an eager pipeline writes; the same waveform as ours) at its extractor's rate.
+    extractor = processor.feature_extractor
+    rate, cap = int(extractor.sampling_rate), int(extractor.n_samples)
     slots: list[int | None] = []
     video_index = 0
     for message in messages:
@@ -150,7 +150,7 @@ def omni_audio_kwargs(
                     slots.append(video_index)
                 video_index += 1
     standalone = iter(audios)
-    waveforms = [decode_audio(next(standalone) if slot is None else videos[slot], spec) for slot in slots]
+    waveforms = [pyav_waveform(next(standalone) if slot is None else videos[slot], rate)[:cap] for slot in slots]
     kwargs: dict[str, Any] = {"audio": waveforms} if waveforms else {}
     if use_audio_in_video:
         kwargs.update(load_audio_from_video=True, audio_from_video_indices=slots)

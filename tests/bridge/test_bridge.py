@@ -19,6 +19,7 @@ from energon_pack.bridge.checks import gdn_problems
 from energon_pack.config import ConfigError, PackingConfig, ParallelTopology
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
+from energon_pack.metrics import RowMetrics
 from tests.support.loader_runs import EAGER, row_digest
 
 W = 4096
@@ -213,9 +214,35 @@ def test_config_without_a_packing_provider_asks_for_the_packing_config():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron.bridge") is not None, reason="Megatron-Bridge is installed")
-def test_provider_without_bridge_names_the_extra():
-    with pytest.raises(ImportError, match=r"pip install 'energon-pack\[bridge\]'"):
-        from energon_pack.bridge import PackingDatasetProvider  # noqa: F401
+@pytest.mark.parametrize("name", ["PackingDatasetProvider", "forward_step"])
+def test_names_that_need_bridge_name_the_extra(name):
+    import energon_pack.bridge
+
+    fix = r"pip install 'energon-pack\[bridge\]'"
+    with pytest.raises(ImportError, match=rf"energon_pack.bridge.{name} needs Megatron-Bridge.*{fix}"):
+        getattr(energon_pack.bridge, name)
+
+
+def test_iterator_puts_the_seconds_next_waited_into_the_row(dataset, processor, monkeypatch):
+    """``row["__loader_wait_s__"]``: the clock's advance while ``next()`` waited for the loader."""
+    import energon_pack.bridge.iterator as iterator_module
+
+    clock = iter([10.0, 10.25, 11.0, 11.5])  # (start, end) of each next()
+    monkeypatch.setattr(iterator_module, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    iterator = PackingIterator(get_packing_loader(dataset, make_config(num_workers=0), processor))
+    assert [next(iterator)["__loader_wait_s__"] for _ in range(2)] == [0.25, 0.5]
+
+
+def test_packing_iterator_of_finds_it_inside_wrappers(dataset, processor):
+    """Megatron-Core's ``RerunDataIterator`` keeps what it wraps as ``.iterable``; anything else is refused."""
+    from energon_pack.bridge.iterator import packing_iterator_of
+
+    iterator = PackingIterator(get_packing_loader(dataset, make_config(num_workers=0), processor))
+    wrapped = types.SimpleNamespace(iterable=types.SimpleNamespace(iterable=iterator))
+    assert packing_iterator_of(iterator) is iterator and packing_iterator_of(wrapped) is iterator
+    assert iterator.row_metrics.keys() == RowMetrics.from_loader(iterator.loader).keys()
+    with pytest.raises(TypeError, match="list_iterator does not yield through a PackingIterator.*fix:"):
+        packing_iterator_of(iter([{}]))
 
 
 def test_bridge_sets_micro_batches_per_step_from_its_sizes():

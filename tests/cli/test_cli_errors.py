@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from energon_pack.cli import main
+from energon_pack.core.token_rules import TOKEN_RULES_VERSION
 from energon_pack.errors import UsageError
 
 
@@ -222,6 +223,21 @@ def test_merge_parts_of_different_runs(records, capsys):
     capsys.readouterr()
     line = one_line_error(capsys, ["merge", str(out)])
     assert "(records_sha256:" in line
+
+
+def test_merge_refuses_a_part_of_other_token_rules(records, capsys):
+    out = records.parent / "parts"
+    _parts(records, out, 2)
+    manifest = out / ".nv-meta" / "energon_pack.part-1-of-2.json"
+    data = json.loads(manifest.read_text())
+    assert data.pop("token_rules") == TOKEN_RULES_VERSION
+    manifest.write_text(json.dumps(data))  # as the release before token rules wrote it
+    capsys.readouterr()
+    line = one_line_error(capsys, ["merge", str(out)])
+    assert line.endswith(
+        f"part manifest {str(manifest)!r} counted tokens under token rules unversioned, this energon_pack counts with "
+        f"v{TOKEN_RULES_VERSION}; fix: rerun prepare --part 1/2 with this energon_pack"
+    ), line
 
 
 def test_merge_a_lost_or_a_stray_shard(records, capsys):

@@ -530,6 +530,15 @@ def test_round_defaults_to_two_rows_of_tokens_and_uint8_payload() -> None:
     assert config.policy.resolved_round(8192) == {"buffer_size": None, "buffer_tokens": 16384}
     assert (config.fingerprint()["buffer_size"], config.fingerprint()["buffer_tokens"]) == (None, 16384)
     assert PackingConfig(seq_length=16384).fingerprint()["buffer_tokens"] == 32768
+    # Under a share blend of tokens the default round is one row; an explicit round stays as set.
+    assert config.fingerprint(token_blend=True)["buffer_tokens"] == 8192
+    assert PackingConfig(seq_length=8192, buffer_tokens=32768).fingerprint(token_blend=True)["buffer_tokens"] == 32768
+    # A token blend's state saved under the two-row default (an earlier release) is refused, naming the round.
+    from energon_pack.identity import ResumeMismatchError, check_resume_fingerprint
+
+    with pytest.raises(ResumeMismatchError, match="buffer_tokens"):
+        check_resume_fingerprint(config.fingerprint(), config.fingerprint(token_blend=True))
+    check_resume_fingerprint(config.fingerprint(), PackingConfig(seq_length=8192, buffer_tokens=16384).fingerprint(token_blend=True))
     # The default survives a YAML round trip unresolved (a new width gets its own default round).
     assert PackingConfig.from_dict(config.to_dict()).policy == config.policy
     # An explicit buffer_size fingerprints as before the default changed.

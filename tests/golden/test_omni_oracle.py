@@ -13,13 +13,18 @@ padded to 300 s with their mask) and to the same thinker with its own ``get_rope
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
 from energon_pack.qwen.processor import load_processor
-from tests.support.omni_reference import OmniCase, Sound, pack_omni_cases, packed_omni_logits, unpacked_omni_logits
+from tests.support.omni_reference import (
+    OmniCase,
+    Sound,
+    chat_message,
+    pack_omni_cases,
+    packed_omni_logits,
+    unpacked_omni_logits,
+)
 from tests.support.model_oracle import split_logits
 from tests.support.tiny_omni import tiny_qwen25_omni_thinker, tiny_qwen3_omni_thinker
 
@@ -30,18 +35,14 @@ ATOL = 1e-5
 AUDIO, IMAGE, VIDEO = {"type": "audio"}, {"type": "image"}, {"type": "video"}
 
 
-def _message(role: str, *parts: Any) -> dict[str, Any]:
-    return {"role": role, "content": [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]}
-
-
 CASES = [
-    OmniCase("audio", [_message("user", AUDIO, "What is it?"), _message("assistant", "A chirp.")], audios=[Sound("wav_s16", 2.3)]),
-    OmniCase("image_audio", [_message("user", IMAGE, AUDIO, "Same?"), _message("assistant", "No.")],
+    OmniCase("audio", [chat_message("user", AUDIO, "What is it?"), chat_message("assistant", "A chirp.")], audios=[Sound("wav_s16", 2.3)]),
+    OmniCase("image_audio", [chat_message("user", IMAGE, AUDIO, "Same?"), chat_message("assistant", "No.")],
              images=[(56, 84)], audios=[Sound("mp3", 1.1, 44100, 2)]),
-    OmniCase("video", [_message("user", VIDEO, "Describe."), _message("assistant", "Noise.")], videos=[(8, 56, 56, 4, 2.0)]),
-    OmniCase("video_with_sound", [_message("user", AUDIO, VIDEO, "Heard?"), _message("assistant", "Yes.")],
+    OmniCase("video", [chat_message("user", VIDEO, "Describe."), chat_message("assistant", "Noise.")], videos=[(8, 56, 56, 4, 2.0)]),
+    OmniCase("video_with_sound", [chat_message("user", AUDIO, VIDEO, "Heard?"), chat_message("assistant", "Yes.")],
              videos=[(18, 56, 56, 4, 4.5)], audios=[Sound("flac", 0.7)], use_audio_in_video=True),
-    OmniCase("text", [_message("user", "2+2?"), _message("assistant", "4")]),
+    OmniCase("text", [chat_message("user", "2+2?"), chat_message("assistant", "4")]),
 ]
 
 

@@ -7,8 +7,9 @@ preencode -> postencode) and must give the input ids, grids and pixels of
 ``processor(text=[processor.apply_chat_template(messages, tools=tools, **kwargs)], images=...)``
 on the very messages of the record, and train exactly each assistant turn after its header (its
 ``<tool_call>`` blocks included; tool results, which the templates render in user turns, never).
-Templates: the official Qwen3-VL and Qwen3.6 ones the offline processors carry, and the official
-Qwen2.5-VL one (``energon_pack/qwen/templates``, sources in SOURCES.md, hashes checked here).
+Templates: the official Qwen3-VL, Qwen3.6 and Qwen3-Omni (Instruct and Thinking) ones the offline
+processors carry, and the official Qwen2.5-VL one (``energon_pack/qwen/templates``, sources in
+SOURCES.md, hashes checked here).
 Also: records whose template cannot render them are counted skips naming the template (at
 ``prepare`` with a processor, and in the loader), and the bad-input reasons of tool use.
 """
@@ -23,16 +24,23 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
 from energon_pack import PackingConfig
 from energon_pack.core.conversation import parse_record, stored_conversation
 from energon_pack.core.samples import QwenVLChatSample
 from energon_pack.formats.qwen_chat import chat_fields_from_parts
 from energon_pack.errors import BadSampleError
-from energon_pack.qwen.chat_templates import OFFICIAL_TEMPLATE_FILES, chat_template_for, official_chat_template
+from energon_pack.qwen.chat_templates import (
+    OFFICIAL_TEMPLATE_FILES,
+    OFFICIAL_VARIANT_FILES,
+    chat_template_for,
+    official_chat_template,
+)
 from energon_pack.runtime.task_encoder import QwenVLPackingTaskEncoder
 from energon_pack.data.synthetic import encode_image
-from tests.support.hf_reference import hf_reference
+from tests.support.hf_reference import expected_targets, hf_reference
 from tests.support.paths import TEMPLATES
 
 
@@ -60,6 +68,10 @@ def _call(name: str, arguments: Any) -> dict[str, Any]:
 
 
 def _user(text: str, images: int = 0) -> dict[str, Any]:
+    """A user turn; a text-only one as a string, as records give it (the released Qwen3-Omni templates
+    tell a query by it; the others render both forms alike)."""
+    if not images:
+        return {"role": "user", "content": text}
     return {"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": text}]}
 
 
@@ -104,8 +116,18 @@ CASES: dict[str, tuple[list[dict[str, Any]], int, bool]] = {
 FAMILY_CASES = {
     "qwen3-vl": list(CASES),
     "qwen3.5": [name for name in CASES if name != "json_string_arguments"],
+    "qwen3-omni": list(CASES),
+    "qwen3-omni-thinking": list(CASES),
 }
-FIXTURES = {"qwen3-vl": "processor_qwen3", "qwen3.5": "processor_qwen35", "qwen2.5-vl": "processor"}
+#: The Qwen-Omni path calls transformers 5.24's processor keywords; the compatibility run (5.12.1)
+#: leaves it out (docs/omni.md, "Processors").
+NEEDS_OMNI = pytest.mark.skipif(
+    Version(transformers.__version__) < Version("5.24"), reason="the Qwen-Omni path needs transformers 5.24"
+)
+FIXTURES = {
+    "qwen3-vl": "processor_qwen3", "qwen3.5": "processor_qwen35", "qwen2.5-vl": "processor",
+    "qwen3-omni": "processor_qwen3_omni", "qwen3-omni-thinking": "processor_qwen3_omni_thinking",
+}
 
 
 def loaded_sample(record: dict[str, Any], images: tuple[bytes, ...], key: str = "s") -> QwenVLChatSample:
@@ -114,22 +136,6 @@ def loaded_sample(record: dict[str, Any], images: tuple[bytes, ...], key: str = 
     parts = {"json": stored_conversation(parsed), **{f"{i}.png": data for i, data in enumerate(images)}}
     return QwenVLChatSample(__key__=key, __restore_key__=(), __subflavors__=None, __sources__=None,
                             **chat_fields_from_parts(parts))
-
-
-def expected_targets(ids: list[int], tokenizer: Any) -> np.ndarray:
-    """Bool [L]: the tokens after each ``<|im_start|>assistant\\n`` through its ``<|im_end|>``."""
-    header = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    target = np.zeros(len(ids), dtype=bool)
-    position = 0
-    while position < len(ids):
-        if ids[position:position + len(header)] == header:
-            stop = ids.index(end, position + len(header))
-            target[position + len(header):stop + 1] = True
-            position = stop + 1
-        else:
-            position += 1
-    return target
 
 
 def assert_equals_hf(processor: Any, config: PackingConfig, record: dict[str, Any], images: tuple[bytes, ...],
@@ -165,11 +171,14 @@ def test_official_templates_are_the_recorded_files():
     """The shipped files are the texts SOURCES.md names (a changed byte fails here), and the offline
     Qwen3-VL / Qwen3.5 processors carry them."""
     sources = (TEMPLATES / "SOURCES.md").read_text(encoding="utf-8")
-    for name in sorted(set(OFFICIAL_TEMPLATE_FILES.values())):
+    for name in sorted({*OFFICIAL_TEMPLATE_FILES.values(), *OFFICIAL_VARIANT_FILES.values()}):
         digest = hashlib.sha256((TEMPLATES / name).read_bytes()).hexdigest()
         assert f"`{name}`: `{digest}`" in sources, name
     assert chat_template_for("qwen3-vl") == official_chat_template("qwen3-vl")
     assert chat_template_for("qwen3.5") == official_chat_template("qwen3.5")
+    assert chat_template_for("qwen3-omni") == official_chat_template("qwen3-omni", "instruct")
+    assert chat_template_for("qwen3-omni", "thinking") == official_chat_template("qwen3-omni", "thinking")
+    assert official_chat_template("qwen3-omni", "instruct") != official_chat_template("qwen3-omni", "thinking")
 
 
 @pytest.mark.parametrize("messages", [
@@ -188,7 +197,10 @@ def test_offline_qwen25_template_renders_as_the_official_one(processor, messages
 # --- golden: tool use -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family,case", [(f, c) for f, cases in FAMILY_CASES.items() for c in cases])
+@pytest.mark.parametrize("family,case", [
+    pytest.param(family, case, marks=[NEEDS_OMNI] if family.startswith("qwen3-omni") else [])
+    for family, cases in FAMILY_CASES.items() for case in cases
+])
 def test_tool_use_equals_hf(request, family, case):
     processor = request.getfixturevalue(FIXTURES[family])
     messages, num_images, with_tools = CASES[case]
@@ -273,6 +285,91 @@ def test_thinking_off_renders_empty_think_blocks(processor_qwen35):
         message.pop("reasoning_content", None)
     ids = assert_equals_hf(processor_qwen35, _config(), {"messages": messages, "tools": TOOLS}, IMAGES[:1], {})
     assert processor_qwen35.tokenizer.decode(ids).count("<think>\n\n</think>\n\n") == 2
+
+
+# --- golden: the released Qwen3-Omni templates ---------------------------------------------
+
+OMNI_VARIANTS = ["qwen3-omni", "qwen3-omni-thinking"]
+#: Thinking with a tool call after a text query: the answers after the last text query render their
+#: ``<think>`` blocks (the call's and the final one's), as both released templates do.
+THINKING_CALL = [
+    _user("Weather in Rome?"),
+    {"role": "assistant", "reasoning_content": "Rome is a city; ask the tool.", "content": "",
+     "tool_calls": [_call("get_weather", {"city": "Rome"})]},
+    {"role": "tool", "content": "rain"},
+    {"role": "assistant", "reasoning_content": "Report it.", "content": "It rains in Rome."},
+]
+
+
+def _think_tokens_are_trained(ids: torch.Tensor, prepared_loss_mask: torch.Tensor, tokenizer: Any) -> int:
+    """The number of ``<think>`` / ``</think>`` tokens, after asserting each is a target (its loss
+    sits on the position before it)."""
+    marks = {tokenizer.convert_tokens_to_ids(t) for t in ("<think>", "</think>")}
+    positions = [i for i, t in enumerate(ids.tolist()) if t in marks]
+    assert all(prepared_loss_mask[i - 1] == 1 for i in positions)
+    return len(positions)
+
+
+@NEEDS_OMNI
+@pytest.mark.parametrize("family", OMNI_VARIANTS)
+@pytest.mark.parametrize("name,messages,with_tools", [
+    ("history", HISTORY, False), ("thinking_call", THINKING_CALL, True),
+])
+def test_qwen3_omni_thinking_equals_hf(request, family, name, messages, with_tools):
+    """Reasoning as the released templates render it: every answer after the last text query
+    (a turn holding media is no query there) with its ``<think>`` block, trained like the answer."""
+    processor = request.getfixturevalue(FIXTURES[family])
+    record = {"messages": messages, **({"tools": TOOLS} if with_tools else {})}
+    images = IMAGES[:sum(isinstance(m["content"], list) and {"type": "image"} in m["content"] for m in messages)]
+    ids = assert_equals_hf(processor, _config(), record, images, {})
+    text = processor.tokenizer.decode(ids)
+    for message in messages:
+        if message.get("reasoning_content"):
+            assert f"<think>\n{message['reasoning_content']}\n</think>\n\n" in text
+    encoder = QwenVLPackingTaskEncoder(_config(), processor)
+    prepared = encoder.preencode_sample(loaded_sample(record, images))
+    assert _think_tokens_are_trained(ids, prepared.loss_mask, processor.tokenizer) == 4
+
+
+@NEEDS_OMNI
+def test_qwen3_omni_plain_chat_renders_as_released(processor_qwen3_omni):
+    """A plain chat: the answer to a text query opens with an empty ``<think>`` block (Instruct too);
+    one to a turn holding audio does not. The released template tells a query by string content
+    only, so the same text turn as typed parts would render no block: we render text turns as strings."""
+    plain = [_user("Hi"), {"role": "assistant", "content": "Yo"}]
+    expected = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nYo<|im_end|>\n"
+    assert processor_qwen3_omni.apply_chat_template(plain) == expected
+    record = loaded_sample({"messages": plain}, ())
+    ids = assert_equals_hf(processor_qwen3_omni, _config(), {"messages": plain}, (), {})
+    assert processor_qwen3_omni.tokenizer.decode(ids) == expected and record.conversation[0]["content"][0]["text"] == "Hi"
+    options = {"enable_thinking": False}  # read by the generation prompt alone
+    assert torch.equal(assert_equals_hf(processor_qwen3_omni, _config(chat_template_kwargs=options), {"messages": plain}, (),
+                                        options), ids)
+    typed_text = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}, plain[1]]
+    assert "<think>" not in processor_qwen3_omni.apply_chat_template(typed_text)
+    heard = [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "Hi"}]}, plain[1]]
+    assert processor_qwen3_omni.apply_chat_template(heard) == (
+        "<|im_start|>user\n<|audio_start|><|audio_pad|><|audio_end|>Hi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n"
+    )
+
+
+@NEEDS_OMNI
+def test_qwen3_omni_variants_differ_in_the_tools_prompt(processor_qwen3_omni, processor_qwen3_omni_thinking):
+    """Instruct writes an empty line before ``# Tools`` without a system turn and renders a system
+    turn's image into the tools prompt; Thinking adds a system turn's content as a string, so a
+    system turn holding an image fails there (``template_error``), as in Hugging Face."""
+    messages = [_user("Weather in Rome?"), {"role": "assistant", "content": "Rain."}]
+    instruct = processor_qwen3_omni.apply_chat_template(messages, tools=TOOLS)
+    thinking = processor_qwen3_omni_thinking.apply_chat_template(messages, tools=TOOLS)
+    assert instruct.startswith("<|im_start|>system\n\n\n# Tools\n") and thinking.startswith("<|im_start|>system\n# Tools\n")
+    seeing = [{"role": "system", "content": [{"type": "image"}, {"type": "text", "text": "Look."}]}, *messages]
+    assert_equals_hf(processor_qwen3_omni, _config(), {"messages": seeing, "tools": TOOLS}, IMAGES[:1], {})
+    with pytest.raises(TypeError):
+        processor_qwen3_omni_thinking.apply_chat_template(seeing, tools=TOOLS)
+    prepared = QwenVLPackingTaskEncoder(_config(), processor_qwen3_omni_thinking).preencode_sample(
+        loaded_sample({"messages": seeing, "tools": TOOLS}, IMAGES[:1])
+    )
+    assert prepared.skip_reason == "template_error"
 
 
 # --- what a template cannot render ----------------------------------------------------------

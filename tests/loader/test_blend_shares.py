@@ -2,7 +2,9 @@
 Energon loaders with two worker processes, measured from the rows alone.
 
 Two sources of about 200 and about 2000 real tokens a sample, blended 1:1 at W = 8192: by samples
-(Energon's meaning) the short one gets about 10 % of the tokens; by tokens 50 %.
+(Energon's meaning) the short one gets about 10 % of the tokens; by tokens 50 %. Answers vary
+widely in length (5-95 % of a short sample, 2-50 % of a long one), so samples' supervised tokens
+per real token differ widely too (docs/configuration.md, "Windows of rows").
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import warnings
 
 import pytest
 
-from energon_pack import PackingConfig, get_packing_loader
+from energon_pack import PackingConfig, RowMetrics, get_packing_loader
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import BlendShareWarning
 from tests.support.blend_runs import fill, make_blends, share, take_rows, write_blend
@@ -42,7 +44,7 @@ def runs(blends, processor):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with get_packing_loader(str(blends["two"]), config(blend_unit=unit), processor) as loader:
-                rows = take_rows(loader, count)
+                rows = take_rows(loader, count, RowMetrics.from_loader(loader))
                 stats = loader.stats()
         out[unit] = rows, stats, [w for w in caught if issubclass(w.category, BlendShareWarning)]
     return out
@@ -63,11 +65,23 @@ def test_a_token_blend_meets_its_shares_over_the_run_and_every_window(runs, unit
     rows, stats, warned = runs[unit]
     assert abs(share(rows, "short", supervised=supervised) - 0.5) <= 0.02
     windows = [share(rows[start:start + 25], "short", supervised=supervised) for start in range(20, ROWS - 24)]
-    assert max(abs(w - 0.5) for w in windows) <= 0.05, windows
+    assert max(abs(w - 0.5) for w in windows) <= 0.04, windows  # the goal is 5 points: one of margin
     assert not warned
     counted = {source["subflavors"]["source"]: source for source in stats["sources"]}
     column = "supervised_tokens_share" if supervised else "real_tokens_share"
     assert abs(counted["short"][column] - 0.5) <= 0.03  # the workers' own counters agree
+
+
+@pytest.mark.parametrize("unit, low, high", [("tokens", 0.48, 0.52), ("samples", 0.05, 0.15)])
+def test_the_logged_token_share_shows_the_mixture_step_by_step(runs, unit, low, high):
+    rows = runs[unit][0]  # one row a step: the figure RowMetrics logs for each step
+    logged = [row["logged"]["data/tokens/short"] for row in rows]
+    assert low <= sum(logged) / len(logged) <= high
+    for row in rows:  # each step's figure is that step's share of real tokens, the long source's the rest
+        short, long = row["sources"].get("short", (0, 0))[0], row["sources"].get("long", (0, 0))[0]
+        assert row["logged"]["data/tokens/short"] == pytest.approx(short / (short + long))
+        assert row["logged"]["data/tokens/long"] == pytest.approx(long / (short + long))
+        assert row["logged"]["data/fill"] == pytest.approx(row["real"] / row["width"])
 
 
 def test_a_token_blend_fills_rows_as_well_as_a_sample_blend(runs):
@@ -154,6 +168,7 @@ def test_blend_unit_on_a_plain_dataset_changes_nothing(blends, processor):
     with get_packing_loader(plain, config(blend_unit="tokens"), processor) as loader:
         assert [row_digest(row) for _, row in zip(range(6), loader)] == expected
         assert loader.stats()["sources"] == []
+        assert [(source.index, source.name, source.weight) for source in loader.sources()] == [(0, "short", None)]
 
 
 def test_an_epochized_token_blend_spends_every_source_evenly(blends, processor):

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import multiprocessing.process
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
 from pathlib import Path
 
+import psutil
 import pytest
 
 from energon_pack import PackingConfig, get_packing_loader
@@ -58,6 +61,38 @@ def test_a_caught_overlong_error_exits_cleanly(synthetic_dataset, tmp_path):
     for marker in ("Exception ignored", "AssertionError", "Traceback"):
         assert marker not in done.stderr, done.stderr[-4000:]
     assert not list(tmp_path.glob("energon_pack_*")), "the loaders' statistics folders must be gone at exit"
+
+
+@pytest.mark.slow
+def test_a_loader_dropped_without_close_stops_its_workers_when_the_next_one_starts(synthetic_dataset, processor, monkeypatch):
+    """A notebook cell run again: the old loader is dropped (no ``with``, no ``close()``) and a new
+    one built. The new loader's collection frees the old one, whose workers must receive their
+    shutdown signal and exit within it, not outlive torch's timed joins (5 s each) and be killed."""
+    outlived: list[int] = []
+    join = multiprocessing.process.BaseProcess.join
+
+    def recording_join(process, timeout=None):
+        join(process, timeout)
+        if timeout is not None and process.is_alive():
+            outlived.append(process.pid)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "join", recording_join)
+    config = PackingConfig(seq_length=4096, num_workers=2, repeat=True)
+    loader = get_packing_loader(synthetic_dataset.out_dir, config, processor)
+    next(iter(loader))
+    old_workers = [psutil.Process(worker.pid) for worker in loader._iterator._workers]
+    dropped = weakref.ref(loader)
+    loader = None  # dropped without close(): Energon's loader is in a reference cycle, so it lives on
+    assert dropped() is not None and all(worker.is_running() for worker in old_workers)
+
+    loader = get_packing_loader(synthetic_dataset.out_dir, config, processor)
+    next(iter(loader))
+    try:
+        assert dropped() is None, "the dropped loader must be freed (nothing may keep it alive)"
+        assert not any(worker.is_running() for worker in old_workers), "the dropped loader's workers must be gone"
+        assert outlived == [], f"workers {outlived} outlived their shutdown (never got the signal; killed after 5 s)"
+    finally:
+        loader.close()
 
 
 def stats_folder(loader) -> Path:

@@ -9,6 +9,7 @@ weight (67%) fails the ratio check.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -108,11 +109,14 @@ def test_weighted_blend_packs_rows_from_both_datasets_in_weight_ratio(blend_root
     root, keys = blend_root
     config = PackingConfig(seq_length=4096, buffer_size=8, num_workers=2, repeat=True)
     loader = get_packing_loader(root / "blend_metadataset.yaml", config, processor)
+    names = [source.name for source in loader.sources()]  # metadataset order, named by subflavor `source`
+    assert names == list(DATASETS) and [s.weight for s in loader.sources()] == [pytest.approx(2 / 3), pytest.approx(1 / 3)]
     counts: Counter[str] = Counter()
     for rows, row in enumerate(loader, start=1):
         assert set(row["__keys__"]) <= keys["image_chat"] | keys["video_chat"]
         sources = [_source(key) for key in row["__keys__"]]
         assert [flavors["source"] for flavors in row["__subflavors__"]] == sources  # subflavors reach the row
+        assert [names[index] for index in row["segment_source"].tolist()] == sources
         counts.update(sources)
         if rows == 20:
             break
@@ -141,3 +145,13 @@ def test_epochized_blend_epoch_yields_each_sample_its_repetitions_minus_skips(bl
     stats = loader.stats()
     assert stats["samples_in"] == sum(expected.values())
     assert sum((expected - counts).values()) == stats["skipped_total"]
+
+
+def test_in_batch_rows_of_a_blend_name_each_segments_source(blend_root, processor):
+    root, _ = blend_root
+    config = PackingConfig(seq_length=8192, num_workers=0, repeat=True, mode="in_batch", micro_batch_size=4,
+                           fixed_width=False, width_multiple=64)
+    with get_packing_loader(root / "blend_metadataset.yaml", config, processor) as loader:
+        names = [source.name for source in loader.sources()]
+        for row in itertools.islice(loader, 3):
+            assert [names[index] for index in row["segment_source"].tolist()] == [_source(key) for key in row["__keys__"]]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from megatron.energon.savable_loader import SavableDataLoaderState
 
+from energon_pack.core.token_rules import TOKEN_RULES_VERSION, TokenRulesError
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import PackingLoaderState, get_packing_loader
 from energon_pack.runtime.state_check import InvalidLoaderStateError
@@ -159,6 +160,17 @@ def test_a_state_of_another_dataset_is_refused(dataset, processor, other_dataset
     state = _state_after_one_row(other_dataset.out_dir, processor)
     loader = get_packing_loader(dataset, make_config(0), processor)
     with pytest.raises(ResumeMismatchError, match=r"\(dataset differ\)"):
+        loader.restore_state_rank(state)
+
+
+@pytest.mark.parametrize("inexact", [False, True])
+def test_a_state_of_the_release_before_token_rules_is_refused_in_one_line(dataset, processor, inexact):
+    state = _state_after_one_row(dataset, processor)
+    assert state.fingerprint.pop("token_rules") == TOKEN_RULES_VERSION  # as that release saved it
+    loader = get_packing_loader(dataset, make_config(0, allow_inexact_resume=inexact), processor)
+    with pytest.raises(TokenRulesError, match=r"^the PackingDataLoader state counted tokens under token rules "
+                                              rf"unversioned, this energon_pack counts with v{TOKEN_RULES_VERSION}; "
+                                              r"fix: [^\n]*start this loader afresh[^\n]*$"):
         loader.restore_state_rank(state)
 
 

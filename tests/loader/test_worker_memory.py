@@ -48,3 +48,32 @@ def test_loader_uses_the_prefetch_knob_and_unfreezes_after_forking(synthetic_dat
     assert rest and set(STAGES) <= set(rest[-1]["__stats__"]["stage_seconds"])
     keys = [*first["__keys__"], *(key for row in rest for key in row["__keys__"])]
     assert len(keys) == len(set(keys)) and len(keys) + loader.stats()["skipped_total"] == synthetic_dataset.written
+
+
+@pytest.mark.slow
+def test_a_balanced_worker_holds_no_more_than_plain_as_the_window_grows(tmp_path, processor) -> None:
+    """Photos of about 1 MB each: a balanced worker with 1024-row windows (reached by doubling from
+    8) holds its window's rows as restore keys, so its peak USS stays within 1.25x the plain
+    worker's; holding the window's samples it would hold every sample read (the rows of its next
+    window too: over 50 rows' samples by row 24)."""
+    from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
+    from energon_pack.tools.bench_loader import WorkerMemorySampler
+
+    spec = SyntheticSpec(min_image_side=1000, max_image_side=1400, max_video_seconds=1.5, max_video_side=64,
+                         max_images_per_sample=2)
+    dataset = make_synthetic_dataset(tmp_path, 8, seed=3, spec=spec, samples_per_shard=4).out_dir
+    peaks = {}
+    for balance in (False, True):
+        config = PackingConfig(seq_length=8192, num_workers=1, repeat=True, cost_model="qwen2.5-vl-3b",
+                               balance_steps=balance, micro_batches_per_step=2, balance_window_rows=1024)
+        sampler = WorkerMemorySampler()
+        sampler.start()
+        with get_packing_loader(dataset, config, processor) as loader:
+            rows = iter(loader)
+            for _ in range(24):
+                next(rows)
+            stats = loader.stats()
+        sampler.stop()
+        peaks[balance] = sampler.peak_uss
+        assert (stats["parked_reads"] > 0) is balance
+    assert peaks[True] <= 1.25 * peaks[False], {k: v / 2**20 for k, v in peaks.items()}

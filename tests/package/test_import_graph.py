@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("qwen: the Qwen-VL family (media, tokens, pixels, rope)", ["qwen"]),
     ("formats: the dataset formats read in place, and the reader dispatch", ["formats"]),
     ("rows: THD row assembly", ["rows"]),
+    ("metrics: trainer log figures of rows (loss per source, shares, fill)", ["metrics"]),
     ("packing: pure bin selection, budgets, simulator", ["packing"]),
     ("runtime: the Energon task encoder and packing stage", ["runtime"]),
     ("plan: global pack plans", ["plan"]),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from energon_pack.config import PackingConfig
+from energon_pack.core.token_rules import TOKEN_RULES_VERSION
 from energon_pack.data.prepare import prepare_dataset
 from energon_pack.data.synthetic import SyntheticSpec, make_records
 from energon_pack.identity import encoder_fingerprint, processor_fingerprint
@@ -85,6 +86,23 @@ def test_stale_or_other_processor_facts_measure(facts_dataset, processor, proces
     assert source.startswith("measured by preencoding every sample (facts stale"), source
     _, source = measure_dataset(facts_dataset, encoder, num_workers=0, progress=False, facts=False)
     assert source == "measured by preencoding every sample (--measure)"
+
+
+@pytest.mark.parametrize("recorded", [None, TOKEN_RULES_VERSION + 1], ids=["previous-release", "other-version"])
+def test_facts_of_other_token_rules_are_measured_again(facts_dataset, processor, tmp_path, recorded):
+    fingerprint = processor_fingerprint(processor)
+    tokens = TextTokens.load(facts_dataset, fingerprint)
+    assert Facts.load(facts_dataset).meta["token_rules"] == tokens.meta["token_rules"] == TOKEN_RULES_VERSION
+    assert not isinstance(fresh_facts(facts_dataset, fingerprint), str)
+    copy = tmp_path / "ds"
+    shutil.copytree(facts_dataset, copy)
+    meta = {name: value for name, value in tokens.meta.items() if name != "token_rules"}
+    TextTokens(meta=meta if recorded is None else {**meta, "token_rules": recorded}, columns=tokens.columns).save(copy)
+    found = "unversioned" if recorded is None else f"v{recorded}"
+    assert fresh_facts(copy, fingerprint) == (
+        f"the facts counted tokens under token rules {found}, this energon_pack counts with v{TOKEN_RULES_VERSION}; "
+        "fix: prepare the dataset again with this energon_pack (--processor), or keep measuring"
+    )
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from energon_pack.plan.blend import (
     blend_plan_problem,
     blend_selection,
     interleave_rows,
+    interleave_setup,
     reorder_rows,
     scheduled_rows,
     select_by_repetitions,
@@ -74,6 +75,64 @@ def test_rows_are_interleaved_so_that_no_source_is_front_loaded():
     assert sorted(order.tolist()) == list(range(100))
     assert worst_window(compositions[order], compositions.sum(0) / compositions.sum(), window=20) < 0.06
     assert worst_window(compositions, compositions.sum(0) / compositions.sum(), window=20) > 0.5  # as packed
+
+
+def step_by_step_interleave(compositions, *, seed, targets=None):
+    """The reference: ``interleave_rows`` as it was written before its numpy blocks, one position
+    at a time (kept here to compare against; the buckets and targets are the package's)."""
+    rows, sources = compositions.shape
+    if rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    targets, buckets = interleave_setup(compositions, seed=seed, targets=targets)
+    buckets = [bucket.tolist() for bucket in buckets]
+    units = compositions.tolist()
+    row_totals = compositions.sum(axis=1).tolist()
+    shares = np.asarray(targets).tolist()
+    heads = [0] * sources
+    drawn, due = [0.0] * sources, [0.0] * sources
+    order = np.empty(rows, dtype=np.int64)
+    for position in range(rows):
+        best, best_error = -1, float("inf")
+        here = shares[position]
+        for source in range(sources):
+            if heads[source] < len(buckets[source]):
+                row = buckets[source][heads[source]]
+                total = row_totals[row]
+                error = sum((d + u - (o + p * total)) ** 2 for d, u, o, p in zip(drawn, units[row], due, here))
+                if error < best_error:
+                    best, best_error = source, error
+        row = buckets[best][heads[best]]
+        heads[best] += 1
+        drawn = [d + u for d, u in zip(drawn, units[row])]
+        due = [o + p * row_totals[row] for o, p in zip(due, here)]
+        order[position] = row
+    return order
+
+
+@st.composite
+def interleave_inputs(draw):
+    """Row compositions of 1-4 sources (units: whole tokens; rows mostly of one source, some mixed,
+    some empty) and, half the time, per-position target shares (a schedule's)."""
+    rows, sources = draw(st.integers(0, 300)), draw(st.integers(1, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    scale = draw(st.sampled_from([1, 10, 4096]))
+    compositions = rng.integers(0, scale + 1, (rows, sources)).astype(np.float64)
+    compositions[rng.random((rows, sources)) < draw(st.sampled_from([0.0, 0.5, 0.9]))] = 0
+    if rows and sources:
+        compositions[np.arange(rows), rng.integers(0, sources, rows)] += rng.integers(0, 8 * scale + 1, rows)
+    targets = None
+    if draw(st.booleans()):
+        raw = rng.random((rows, sources)) + draw(st.sampled_from([0.0, 1e-3]))
+        targets = raw / np.maximum(raw.sum(axis=1, keepdims=True), 1e-12)
+    return compositions, targets, draw(st.integers(0, 3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(interleave_inputs())
+def test_the_numpy_interleave_equals_the_step_by_step_one(inputs):
+    compositions, targets, seed = inputs
+    expected = step_by_step_interleave(compositions, seed=seed, targets=targets)
+    assert interleave_rows(compositions, seed=seed, targets=targets).tolist() == expected.tolist()
 
 
 def test_reorder_rows_moves_members_and_row_arrays():
@@ -298,3 +357,24 @@ def test_a_scheduled_plan_shifts_its_shares_at_the_step(blend, processor):
 
     with pytest.raises(ResumeMismatchError, match="blend_step_rows"):
         loader(blend, processor, plan, config_of(blend_schedule=schedule, micro_batches_per_step=2))
+
+
+@pytest.mark.slow
+def test_plan_rows_name_their_sources_as_online_rows_do_and_log_the_same_keys(blend, processor, planned):
+    from energon_pack import RowMetrics
+
+    plan, config = planned
+    with loader(blend, processor, plan, config) as planned_rows:
+        row = next(iter(planned_rows))
+        sources = planned_rows.sources()
+        plan_keys = list(RowMetrics.from_loader(planned_rows).metrics(row))
+    assert [(s.index, s.name) for s in sources] == [(0, "short"), (1, "medium"), (2, "long")]
+    assert [s.weight for s in sources] == pytest.approx(WEIGHTS)
+    assert [sources[i].name for i in row["segment_source"].tolist()] == [s["source"] for s in row["__subflavors__"]]
+    with get_packing_loader(str(blend), config_of(repeat=True), processor) as online:
+        online_row = next(iter(online))
+        assert [(s.index, s.name) for s in online.sources()] == [(s.index, s.name) for s in sources]
+        assert [online.sources()[i].name for i in online_row["segment_source"].tolist()] == [
+            s["source"] for s in online_row["__subflavors__"]
+        ]
+        assert list(RowMetrics.from_loader(online).metrics(online_row)) == plan_keys

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import pickle
 
 import pytest
 
+from energon_pack.core.token_rules import TOKEN_RULES_VERSION, TokenRulesError
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
 from energon_pack.plan.build import build_plan
@@ -194,6 +197,25 @@ def test_a_state_of_another_plan_is_refused(dataset, processor, plan):
         )
     with pytest.raises(ValueError, match="checkpoint_every_sec"):
         get_packing_loader(dataset, make_config(), processor, plan=plan, checkpoint_every_sec=0)
+
+
+def test_a_plan_or_plan_state_of_other_token_rules_is_refused_in_one_line(dataset, processor, plan, tmp_path):
+    """A plan and a plan-loader state of the release before token rules (no version recorded)
+    are refused, allow_inexact_resume or not, with one line naming both versions and the fix."""
+    fingerprint = copy.deepcopy(plan.fingerprint)
+    assert fingerprint["encoder"].pop("token_rules") == TOKEN_RULES_VERSION
+    previous = dataclasses.replace(plan, fingerprint=fingerprint)
+    previous.save(tmp_path / "previous.plan")
+    unversioned = f"counted tokens under token rules unversioned, this energon_pack counts with v{TOKEN_RULES_VERSION}"
+    for given, where in ((previous, r"pack plan \(digest [0-9a-f]{16}\)"), (tmp_path / "previous.plan", "pack plan .*previous.plan")):
+        for inexact in (False, True):
+            with pytest.raises(TokenRulesError, match=rf"^{where} {unversioned}; fix: rebuild the plan with this "
+                                                       r"energon_pack's `energon-pack plan [^\n]*$"):
+                get_packing_loader(dataset, make_config(allow_inexact_resume=inexact), processor, plan=given)
+    state = get_packing_loader(dataset, make_config(), processor, plan=plan).save_state_rank()
+    assert state.fingerprint.pop("token_rules") == TOKEN_RULES_VERSION
+    with pytest.raises(TokenRulesError, match=rf"^the PlanDataLoader state {unversioned}; fix: [^\n]*$"):
+        get_packing_loader(dataset, make_config(), processor, plan=plan).restore_state_rank(state)
 
 
 @pytest.mark.slow

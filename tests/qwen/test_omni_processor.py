@@ -72,3 +72,24 @@ def test_qwen3_omni_sound_tokens_follow_the_samples_padding(qwen3_omni):
     with pytest.raises(BadSampleError) as bad:
         hearing.tokens([100])
     assert bad.value.reason == "empty_audio"
+
+
+def test_qwen3_omni_thinking_variant_is_the_same_processor_with_its_template(qwen3_omni, processor_qwen3_omni_thinking):
+    from energon_pack.qwen.chat_templates import official_chat_template
+
+    thinking = processor_qwen3_omni_thinking
+    assert thinking.chat_template == official_chat_template("qwen3-omni", "thinking") != qwen3_omni.chat_template
+    assert qwen3_omni.chat_template == official_chat_template("qwen3-omni", "instruct")
+    assert processor_family(thinking) == "qwen3-omni" and thinking.tokenizer.get_vocab() == qwen3_omni.tokenizer.get_vocab()
+    assert load_processor(family="qwen3-omni", variant="instruct").tokenizer is qwen3_omni.tokenizer  # the default's
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"family": "qwen3-omni", "variant": "captioner"}, "'captioner' is not a released variant of 'qwen3-omni'.*instruct, thinking"),
+    ({"family": "qwen3-vl", "variant": "thinking"}, "'thinking' is not a released variant of 'qwen3-vl'.*leave it out"),
+    ({"path": "/models/qwen3-omni", "variant": "thinking"}, "both path=.* and variant='thinking'"),
+])
+def test_bad_variants_are_one_line_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match) as raised:
+        load_processor(**kwargs)
+    assert "\n" not in str(raised.value)

@@ -86,10 +86,11 @@ def test_device_batch_keys_and_dtypes(monkeypatch):
         "visual_inputs",
         "packed_seq_params",
         "__keys__",
+        "segment_source",
     }
     assert out["tokens"] is out["input_ids"]
     assert out["attention_mask"] is None
-    for key in TOKEN_KEYS + CU_KEYS + ("loss_tokens",):
+    for key in TOKEN_KEYS + CU_KEYS + ("loss_tokens", "segment_source"):
         assert out[key].dtype == row[key].dtype and torch.equal(out[key], row[key]), key
     assert out["loss_tokens"].tolist() == [4, 2]
     for key in ("max_seqlen_q", "max_seqlen_kv"):
@@ -104,6 +105,14 @@ def test_device_batch_keys_and_dtypes(monkeypatch):
     vis = out["visual_inputs"]
     assert isinstance(vis, VisualInputs) and vis.pixel_values.dtype == torch.float32
     assert set(vis.normalized_for_model()) == {"pixel_values", "image_grid_thw"}
+
+
+def test_device_batch_keeps_what_row_metrics_reads():
+    row = make_row([5, 3], width=16, multiple=4, uint8=False)
+    row["__stats__"], row["__loader_wait_s__"] = {"samples_in": 3, "skipped": {"overlong": 1}}, 0.25
+    out = to_device_batch(row, "cpu", cp_size=2, cp_rank=1, split_for_cp=True)
+    assert out["segment_source"].tolist() == [0, 0]  # whole under CP, like loss_tokens
+    assert out["__stats__"] is row["__stats__"] and out["__loader_wait_s__"] == 0.25
 
 
 def test_uint8_payload_equals_float_payload():

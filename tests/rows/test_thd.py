@@ -90,6 +90,7 @@ def test_dtypes_and_shapes():
         "max_seqlen_q": (torch.int32, ()),
         "max_seqlen_kv": (torch.int32, ()),
         "loss_tokens": (torch.int32, (2,)),
+        "segment_source": (torch.int32, (2,)),
     }
     for key, (dtype, shape) in expected.items():
         assert row[key].dtype == dtype, key
@@ -98,6 +99,13 @@ def test_dtypes_and_shapes():
     assert isinstance(row["total_tokens"], int)
     assert isinstance(row["visual_inputs"], VisualInputs)
     assert row["loss_tokens"].tolist() == [2, 1]  # the last token of each segment has no target
+    assert row["segment_source"].tolist() == [0, 0]  # a segment's source defaults to 0 (a plain dataset)
+
+
+def test_segment_source_holds_each_segments_source_in_row_order():
+    segments = [dataclasses.replace(make_segment(key, 3), source=source) for key, source in (("a", 2), ("b", 0), ("c", 2))]
+    row = build_thd_row(segments, seq_length=12, pad_multiple=4, pad_token_id=0)
+    assert row["segment_source"].tolist() == [2, 0, 2]
 
 
 def test_segment_end_label_and_loss_forced_off():

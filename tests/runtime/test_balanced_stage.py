@@ -3,11 +3,13 @@ rows in the window layout, exact resume from every row boundary, its window stat
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from megatron.energon.worker import WorkerConfig
 
 from energon_pack.config import PackingConfig, PackingPolicy, RowLayout
-from energon_pack.packing.online_balance import order_window, window_levels
+from energon_pack.packing.online_balance import order_window, ramped_window_rows, window_levels
 from energon_pack.runtime.balanced_stage import (
     BalancedPackingDataset,
     OnlineBalance,
@@ -15,7 +17,7 @@ from energon_pack.runtime.balanced_stage import (
     balanced_state_problems,
     online_balance,
 )
-from energon_pack.runtime.packing_stage import PendingGroupPackingDataset
+from energon_pack.runtime.packing_stage import ParkedSample, PendingGroupPackingDataset
 from tests.support.stage_source import ListSource, row_builders, take
 
 #: Token lengths (W = 32): several windows of 4 rows, pending groups, a flush and a short last window.
@@ -31,29 +33,34 @@ def cost(samples) -> int:
     return sum(sample.num_tokens ** 2 for sample in samples)
 
 
-def make_stage(cls=BalancedPackingDataset, *, undecodable: frozenset[str] = frozenset(), window_rows: int = 4):
+def make_stage(cls=BalancedPackingDataset, *, undecodable: frozenset[str] = frozenset(), window_rows: int = 4,
+               first_window_rows: int = 8):
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0)
     source = ListSource(LENGTHS, worker_config=worker_config)
     extra = {} if cls is PendingGroupPackingDataset else {
-        "balance": OnlineBalance(window_rows=window_rows, micro_batches=MICRO, seed=3, bin_cost=cost)}
+        "balance": OnlineBalance(window_rows=window_rows, micro_batches=MICRO, seed=3, bin_cost=cost,
+                                 first_window_rows=first_window_rows)}
     return cls(source, row=ROW, policy=POLICY, **row_builders(undecodable), worker_config=worker_config, **extra)
 
 
-def test_rows_are_the_plain_stages_in_the_window_layout() -> None:
+@pytest.mark.parametrize(("window_rows", "first"), [(4, 8), (8, 2)], ids=["windows-of-4", "windows-2-4-8"])
+def test_rows_are_the_plain_stages_in_the_window_layout(window_rows, first) -> None:
     plain, _ = take(make_stage(PendingGroupPackingDataset))
-    balanced, state = take(make_stage())
+    balanced, state = take(make_stage(window_rows=window_rows, first_window_rows=first))
     plain_rows = [keys for keys, _ in plain]
     assert sorted(map(tuple, plain_rows)) == sorted(tuple(keys) for keys, _ in balanced)  # the same rows
     length = dict(zip((f"s{i}" for i in range(len(LENGTHS))), LENGTHS))
-    expected = []
-    for window, start in enumerate(range(0, len(plain_rows), 4)):
-        rows = plain_rows[start : start + 4]
+    expected, start, window = [], 0, 0
+    while start < len(plain_rows):
+        size = ramped_window_rows(window_rows, window, num_workers=0, micro_batches=MICRO, first=first)
+        rows = plain_rows[start : start + size]
         levels = window_levels(len(rows), window=window, worker=0, num_workers=0, micro_batches=MICRO, seed=3)
         costs = [sum(length[key] ** 2 for key in keys) for keys in rows]
         expected += [rows[i] for i in order_window(costs, levels)]
+        start, window = start + size, window + 1
     assert [keys for keys, _ in balanced] == expected
     assert expected != plain_rows
-    assert state["_window"]["windows"] == -(-len(plain_rows) // 4) and state["_window"]["left"] == 0
+    assert state["_window"]["windows"] == window and state["_window"]["left"] == 0
     report = balance_report([stats for _, stats in balanced[-1:]])
     assert report["balanced_row_flops"]["rows"] == len(plain_rows)
     assert report["balanced_row_flops"]["mean"] == pytest.approx(
@@ -73,6 +80,44 @@ def test_restore_from_every_row_boundary_continues_identically(undecodable) -> N
         assert continuation == reference[saved_after:], f"saved after row {saved_after}"
 
 
+def held(stage) -> dict[int, bool]:
+    """Per buffered arrival index: whether the stage holds the sample's data (False: parked)."""
+    return {index: not isinstance(sample, ParkedSample) for index, sample in stage._samples._samples.items()}
+
+
+def test_window_rows_hold_restore_keys_only_and_are_read_when_their_row_comes() -> None:
+    stage = make_stage(window_rows=8, first_window_rows=2)
+    rows, state = take(stage, 5)
+    ready = {item[0] for group in state["_plan"]["ready"] for item in group}
+    assert ready and held(stage) == {index: index not in ready for index in held(stage)}  # pending/new held
+    # Every emitted sample was parked in a window and read once more for its row; plain reads none again.
+    assert stage._samples.reads == {"restore": 0, "parked": sum(len(keys) for keys, _ in rows)}
+    plain = make_stage(PendingGroupPackingDataset)
+    take(plain)
+    assert plain._samples.reads == {"restore": 0, "parked": 0}
+
+
+@pytest.mark.parametrize("saved_after", [1, 2, 6])
+def test_a_restore_reads_pending_samples_only_and_a_state_of_the_last_release_restores(saved_after) -> None:
+    reference, _ = take(make_stage(window_rows=8, first_window_rows=2))
+    _, state = take(make_stage(window_rows=8, first_window_rows=2), saved_after)
+    # The bins waiting for the next window were costed when they became ready.
+    assert len(state["_window"]["costs"]) == len(state["_plan"]["ready"]) - state["_window"]["left"]
+    waiting = len(state["_plan"]["new"]) + len(state["_plan"]["pending"])
+    for saved in (state, {**state, "_window": {k: v for k, v in state["_window"].items() if k != "costs"}}):
+        resumed = make_stage(window_rows=8, first_window_rows=2)
+        resumed.restore_state(copy.deepcopy(saved))  # a stage takes over the state's containers
+        continuation, _ = take(resumed)
+        assert continuation == reference[saved_after:]
+        assert resumed._samples.reads["restore"] == waiting  # not the window's samples
+    _, plain_state = take(make_stage(PendingGroupPackingDataset), saved_after)
+    buffered = len(plain_state["_samples"]["_restore_keys"])
+    plain = make_stage(PendingGroupPackingDataset)
+    plain.restore_state(plain_state)
+    take(plain)
+    assert plain._samples.reads == {"restore": buffered, "parked": 0}
+
+
 def test_a_damaged_window_state_is_named() -> None:
     _, state = take(make_stage(), 3)
     assert state["_window"]["left"] > 0
@@ -80,6 +125,9 @@ def test_a_damaged_window_state_is_named() -> None:
     assert balanced_state_problems(broken) == [
         f"_window: left=99 rows of the current window, but only {len(state['_plan']['ready'])} ready bins are saved"]
     assert balanced_state_problems({**state, "_window": {"windows": -1}})[0].startswith("_window is not a saved")
+    costs = {**state, "_window": {**state["_window"], "costs": [[1, -2]]}}
+    assert balanced_state_problems(costs) == [
+        "_window: costs=[[1, -2]] is not a list of [first arrival index, cost] pairs of counts"]
     missing = {key: value for key, value in state.items() if key != "_window"}
     assert balanced_state_problems(missing) == ["fields ['_window'] are missing"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from energon_pack.loader import blend_share_warning, blend_sources
-from energon_pack.runtime.blend_stage import blend_source
+from energon_pack.runtime.blend_stage import blend_source, segment_source
 from energon_pack.runtime.stats import PackingStats, aggregate_stats
 
 
@@ -12,6 +12,14 @@ def test_blend_source_reads_energons_and_our_blend_keys():
     assert blend_source(("ShareBlendDataset", 2, "MapDataset", 0, "Webdataset", "s.tar", 9)) == 2
     assert blend_source(("Webdataset", "shard-0.tar", 3)) is None
     assert blend_source(()) is None
+
+
+def test_segment_source_reads_blends_and_a_validation_concatenation_else_0():
+    assert segment_source(("MapDataset", 7, "BlendDataset", 1, "Webdataset", "shard-0.tar", 3)) == 1
+    assert segment_source(("MapDataset", 0, "ConcatDataset", 2, "Webdataset", "s.tar", 9)) == 2
+    assert blend_source(("ConcatDataset", 2, "Webdataset", "s.tar", 9)) is None  # not a blend: no blend counters
+    assert segment_source(("Webdataset", "shard-0.tar", 3)) == 0
+    assert segment_source(None) == 0
 
 
 def test_source_counters_are_saved_only_inside_a_blend_and_summed_over_workers():

@@ -80,3 +80,34 @@ def test_a_finished_epoch_restored_yields_nothing():
     restored = make_stage()
     restored.restore_state(state)
     assert take(restored)[0] == []
+
+
+@pytest.mark.parametrize("undecodable", [frozenset(), frozenset({"s2", "s9"})], ids=["clean", "decode-failures"])
+def test_the_upcoming_row_kept_as_samples_come_and_go_equals_the_buffer_summed(undecodable):
+    """``_upcoming_row`` (what a schedule's draw aims at) uses the buffer's running slot sum: at
+    every draw it equals rows emitted plus the buffered samples' slots summed afresh, also after a
+    restore from any row boundary (the sum is recomputed from the re-read samples, never saved)."""
+    pad = RowLayout(seq_length=32, pad_to_multiple_of=4)  # slots differ from tokens: the sum is of slots
+
+    def checked_stage() -> tuple[PendingGroupPackingDataset, list[tuple[int, int]]]:
+        stage = make_stage(undecodable=undecodable, row=pad)
+        seen: list[tuple[int, int]] = []
+        reads = stage.dataset.sample
+
+        def sample(index: int):
+            summed = sum(stage._slots(buffered) for buffered in stage._samples)
+            seen.append((stage._upcoming_row(), stage._stats.rows + summed // pad.seq_length))
+            return reads(index)
+
+        stage.dataset.sample = sample
+        return stage, seen
+
+    reference, _ = take(make_stage(undecodable=undecodable, row=pad))
+    for saved_after in range(0, len(reference) + 1, 3):
+        _, state = take(make_stage(undecodable=undecodable, row=pad), saved_after)
+        resumed, seen = checked_stage()
+        resumed.restore_state(state)
+        continuation, _ = take(resumed)
+        assert continuation == reference[saved_after:]
+        assert seen and all(kept == summed for kept, summed in seen), (saved_after, seen)
+        assert resumed._samples.slots_total == 0  # the stream ended: nothing buffered

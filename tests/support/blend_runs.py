@@ -10,10 +10,11 @@ from typing import Any
 
 from energon_pack.data.blend_mix import BlendSource, make_blend, metadataset_yaml
 
-#: About 200 real tokens a sample (60 % of them supervised) against about 2000 (10 % supervised,
-#: one small image): a 1:1 sample blend gives the short source about 10 % of the tokens.
-SHORT = BlendSource(name="short", samples=400, mean_tokens=200, answer_fraction=0.6)
-LONG = BlendSource(name="long", samples=100, mean_tokens=2000, answer_fraction=0.1, image_side=112)
+#: About 200 real tokens a sample against about 2000 (one small image): a 1:1 sample blend gives
+#: the short source about 10 % of the tokens. Answers vary widely in length: 5-95 % of a short
+#: sample's text is its (supervised) answer, 2-50 % of a long one's.
+SHORT = BlendSource(name="short", samples=400, mean_tokens=200, answer_fraction=0.5, answer_spread=0.45)
+LONG = BlendSource(name="long", samples=100, mean_tokens=2000, answer_fraction=0.26, answer_spread=0.24, image_side=112)
 MEDIUM = BlendSource(name="medium", samples=200, mean_tokens=700, answer_fraction=0.3)
 
 
@@ -44,10 +45,14 @@ def row_sources(row: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def take_rows(loader: Iterable[dict[str, Any]], count: int) -> list[dict[str, Any]]:
-    """Per row: ``sources`` (``row_sources``), ``width`` and ``real`` tokens, for ``count`` rows."""
+def take_rows(loader: Iterable[dict[str, Any]], count: int, metrics: Any = None) -> list[dict[str, Any]]:
+    """Per row: ``sources`` (``row_sources``), ``width`` and ``real`` tokens, for ``count`` rows; with
+    ``metrics`` (a ``RowMetrics``) also ``logged``: the figures a trainer logs for a step of that one row."""
     return [
-        {"sources": row_sources(row), "width": int(row["input_ids"].shape[1]), "real": int(row["cu_seqlens_q"][-1])}
+        {
+            "sources": row_sources(row), "width": int(row["input_ids"].shape[1]), "real": int(row["cu_seqlens_q"][-1]),
+            **({} if metrics is None else {"logged": metrics.reduce([metrics.metrics(row)])}),
+        }
         for row in itertools.islice(loader, count)
     ]
 

@@ -138,3 +138,19 @@ class GoldenReferences:
         """The token side (``TOKEN_FIELDS`` present in the reference) of the same sample."""
         kept = self._tokens.get((fixture, seed, index))
         return kept if kept is not None else self.full(fixture, seed, index, processor, golden)
+
+
+def expected_targets(ids: list[int], tokenizer: Any) -> np.ndarray:
+    """Bool [L]: the tokens after each ``<|im_start|>assistant\\n`` through its ``<|im_end|>``."""
+    header = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    target = np.zeros(len(ids), dtype=bool)
+    position = 0
+    while position < len(ids):
+        if ids[position:position + len(header)] == header:
+            stop = ids.index(end, position + len(header))
+            target[position + len(header):stop + 1] = True
+            position = stop + 1
+        else:
+            position += 1
+    return target

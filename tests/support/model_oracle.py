@@ -114,10 +114,11 @@ class PackedCase:
 
 
 def oracle_encoder(
-    processor: Any, seq_length: int, pad_to_multiple_of: int, pixel_dtype: str = "float32"
+    processor: Any, seq_length: int, pad_to_multiple_of: int, pixel_dtype: str = "float32", **config: Any
 ) -> QwenVLPackingTaskEncoder:
-    """The plugin's task encoder for rows of width ``seq_length``, segments aligned to ``pad_to_multiple_of``."""
-    config = PackingConfig(seq_length=seq_length, pad_to_multiple_of=pad_to_multiple_of, pixel_dtype=pixel_dtype)
+    """The plugin's task encoder for rows of width ``seq_length``, segments aligned to ``pad_to_multiple_of``
+    (``config``: more ``PackingConfig`` keys, e.g. ``loss_reduction``)."""
+    config = PackingConfig(seq_length=seq_length, pad_to_multiple_of=pad_to_multiple_of, pixel_dtype=pixel_dtype, **config)
     return QwenVLPackingTaskEncoder(config, processor)
 
 
@@ -126,16 +127,21 @@ def packed_row(encoder: QwenVLPackingTaskEncoder, prepared: list[PreparedSample]
     return encoder.batch([encoder.pack_selected_samples([encoder.postencode_sample(p) for p in prepared])])
 
 
-def pack_cases(processor: Any, cases: list[Case], *, seq_length: int, pad_to_multiple_of: int) -> PackedCase:
-    """Encode ``cases`` with the plugin's task encoder into one row; build each unpacked reference."""
-    encoder = oracle_encoder(processor, seq_length, pad_to_multiple_of)
+def pack_cases(
+    processor: Any, cases: list[Case], *, seq_length: int, pad_to_multiple_of: int,
+    sources: list[int] | None = None, **config: Any,
+) -> PackedCase:
+    """Encode ``cases`` with the plugin's task encoder into one row; build each unpacked reference.
+    ``sources``: each case's blend entry (its sample then carries Energon's blend restore key
+    ``("BlendDataset", source, ...)``); ``config``: more ``PackingConfig`` keys."""
+    encoder = oracle_encoder(processor, seq_length, pad_to_multiple_of, **config)
     rng = np.random.default_rng(0)
     prepared, references = [], []
-    for case in cases:
+    for index, case in enumerate(cases):
         media = make_media(case, rng)
         sample = QwenVLChatSample(
             __key__=case.key,
-            __restore_key__=(),
+            __restore_key__=() if sources is None else ("BlendDataset", sources[index], "Webdataset", case.key),
             __subflavors__=None,
             __sources__=None,
             conversation=case.conversation,

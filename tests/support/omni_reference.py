@@ -17,9 +17,19 @@ from PIL import Image
 from transformers import Qwen2_5OmniThinkerForConditionalGeneration, Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration
 from transformers.video_utils import VideoMetadata
 
+from energon_pack.core.conversation import normalize_conversation
 from energon_pack.data.synthetic import encode_image
 from energon_pack.qwen.audio import decode_audio
 from tests.support.audio_media import encode_audio, encode_video_with_sound, tone
+
+
+def chat_message(role: str, *parts: Any, **fields: Any) -> dict[str, Any]:
+    """A chat message as a record gives it: text-only as a string (the released Qwen3-Omni templates
+    tell a user query by it), else typed parts (a ``str`` part is text); ``fields`` added
+    (``reasoning_content``, ``tool_calls``)."""
+    if all(isinstance(p, str) for p in parts):
+        return {"role": role, "content": "".join(parts), **fields}
+    return {"role": role, "content": [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts], **fields}
 
 
 @dataclass(frozen=True)
@@ -34,8 +44,8 @@ class Sound:
 
 @dataclass(frozen=True)
 class OmniCase:
-    """One sample: typed messages, images (height, width), videos (frames, height, width, fps,
-    seconds of sound or None), audios, and the record's ``use_audio_in_video``."""
+    """One sample: messages, images (height, width), videos (frames, height, width, fps,
+    seconds of sound or None), audios, the record's ``use_audio_in_video`` and its ``tools``."""
 
     key: str
     conversation: list[dict[str, Any]]
@@ -43,6 +53,7 @@ class OmniCase:
     videos: list[tuple[int, int, int, int, float | None]] = field(default_factory=list)
     audios: list[Sound] = field(default_factory=list)
     use_audio_in_video: bool = False
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,13 @@ def make_omni_media(case: OmniCase, seed: int = 0) -> OmniMedia:
     ]
     audios = [encode_audio(tone(s.seconds, s.rate, s.channels, seed=i), s.rate, s.codec) for i, s in enumerate(case.audios)]
     return OmniMedia(images=images, videos=videos, audios=audios)
+
+
+def typed_conversation(case: OmniCase, media: OmniMedia) -> list[dict[str, Any]]:
+    """The case's messages as the loader hands them on: parsed into typed messages."""
+    return normalize_conversation(
+        case.conversation, num_images=len(media.images), num_videos=len(media.videos), num_audios=len(media.audios)
+    )
 
 
 def decode_frames(data: bytes, indices: tuple[int, ...]) -> np.ndarray:
@@ -97,7 +115,7 @@ def reference_omni_inputs(
     if case.use_audio_in_video:
         kwargs["load_audio_from_video"] = True
         kwargs["audio_from_video_indices"] = [None if s >= 0 else -1 - s for s in prepared.audio_sources]
-    text = processor.apply_chat_template(case.conversation)
+    text = processor.apply_chat_template(case.conversation, tools=case.tools)
     return processor(text=[text], return_tensors="pt", **kwargs)
 
 
@@ -146,7 +164,7 @@ def pack_omni_cases(processor: Any, cases: list[OmniCase], *, seq_length: int, p
         media = make_omni_media(case, seed=index)
         sample = QwenVLChatSample(
             __key__=case.key, __restore_key__=(), __subflavors__=None, __sources__=None,
-            conversation=case.conversation, images=media.images, videos=media.videos,
+            conversation=typed_conversation(case, media), images=media.images, videos=media.videos,
             audios=media.audios or None, use_audio_in_video=case.use_audio_in_video,
         )
         ready = encoder.preencode_sample(sample)

@@ -88,8 +88,8 @@ def row_builders(undecodable: frozenset[str] = frozenset()) -> dict[str, RowStep
     return {"steps": RowSteps(postencode=postencode, pack=pack)}
 
 
-#: Telemetry that measures the process (memory, seconds per stage), not packing state.
-MEASUREMENTS = ("peak_rss_bytes", "stage_seconds", "worker_seconds")
+#: Telemetry that measures the process (memory, seconds per stage, samples it read again by key), not packing state.
+MEASUREMENTS = ("peak_rss_bytes", "stage_seconds", "worker_seconds", "restore_reads", "parked_reads")
 
 
 def take(stage: Any, count: int | None = None) -> tuple[list[tuple[list[str], dict]], Any]:

@@ -17,14 +17,16 @@ import torch
 from energon_pack.core.audio_inputs import AudioInputs
 from energon_pack.data.synthetic import encode_audio, encode_video_with_sound, speech_like
 from energon_pack.qwen.family import OMNI_FAMILIES
-from energon_pack.tools.audio_mix import AUDIO_MIX_CODECS, AudioMix, audio_mix_dataset
-from energon_pack.tools.bench_audio_mix import AUDIO_LOADER, AudioBenchOptions, audio_bench_options, bench_audio_mix, padding_figures
+from energon_pack.tools.audio_mix import AUDIO_MIX_CODECS, AUDIO_MIX_FORMATS, AudioMix, audio_mix_dataset
+from energon_pack.tools.bench_audio_mix import (
+    AUDIO_LOADER, AudioBenchOptions, audio_bench_options, bench_audio_mix, floor_figures, padding_figures,
+)
 from energon_pack.tools.bench_loader import AudioCarried, RunFigures, padded_cat, row_audio_frames
 from energon_pack.tools.common import omni_audio_kwargs
 
 #: A mix small enough for a test: every kind of sample of the real one, short and small.
 TINY_MIX = AudioMix(
-    clips=6, clip_seconds=(0.5, 2.0), sound_videos=1, video_seconds=(1.0, 2.0), video_size=(64, 48), images=2,
+    clips=6, clip_seconds=(0.5, 2.0), formats=tuple(AUDIO_MIX_FORMATS), sound_videos=1, video_seconds=(1.0, 2.0), video_size=(64, 48), images=2,
     image_size=(64, 48), text_chats=1,
 )
 #: The released Qwen2.5-Omni feature extractor's numbers (what the bench reads of it).
@@ -41,7 +43,11 @@ def test_speech_like_clips_have_pauses_and_the_asked_length() -> None:
 
 
 def test_the_mix_cycles_codecs_and_is_keyed_by_every_parameter() -> None:
-    assert AudioMix(clips=7).clip_codecs() == [*AUDIO_MIX_CODECS, *list(AUDIO_MIX_CODECS)[:2]]
+    assert AudioMix(clips=7).clip_codecs() == [*AUDIO_MIX_CODECS, *AUDIO_MIX_CODECS[:2]]
+    assert AudioMix(clips=3, formats=("wav_s16_44k_stereo", "ogg_opus")).clip_codecs() == ["wav_s16_44k_stereo", "ogg_opus", "wav_s16_44k_stereo"]
+    assert set(AUDIO_MIX_CODECS) < set(AUDIO_MIX_FORMATS) and AUDIO_MIX_FORMATS["wav_s16_44k_stereo"] == ("wav_s16", 44100, 2)
+    with pytest.raises(ValueError, match="audio formats opus: not among .*fix"):
+        AudioMix(formats=("opus",))
     names = {AudioMix().folder_name, AudioMix(clips=39).folder_name, AudioMix(seed=1).folder_name}
     assert len(names) == 3 and AudioMix().folder_name.startswith("audiomix1-40clips-6videos-")
     with pytest.raises(ValueError, match=r"clip_seconds=\(0.0, 30.0\).*fix"):
@@ -52,9 +58,13 @@ def test_the_mix_cycles_codecs_and_is_keyed_by_every_parameter() -> None:
 
 def test_options_come_from_the_command_line_and_need_an_omni_family() -> None:
     args = argparse.Namespace(audio_clips=12, sound_videos=2, family="all", seq_length=None, buffer_sizes=[8, 64],
-                              workers=1, epochs=2, prefetch_factor=1)
+                              workers=1, epochs=2, prefetch_factor=1, clip_seconds=[1.0, 25.0],
+                              audio_formats="wav_s16_44k_stereo,ogg_opus", images=3, images_heard=2, text_chats=5)
     options = audio_bench_options(args)
-    assert options.families == OMNI_FAMILIES and options.mix == AudioMix(clips=12, sound_videos=2)
+    assert options.families == OMNI_FAMILIES and options.mix == AudioMix(
+        clips=12, sound_videos=2, clip_seconds=(1.0, 25.0), formats=("wav_s16_44k_stereo", "ogg_opus"), images=3,
+        images_heard=2, text_chats=5,
+    )
     loader = options.loader
     assert (loader.seq_length, loader.buffer_sizes, loader.workers, loader.epochs, loader.prefetch_factor) == (8192, (8,), 1, 2, 1)
     assert loader.pixel_dtypes == AUDIO_LOADER.pixel_dtypes == ("uint8",)
@@ -133,7 +143,9 @@ def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tin
 
     loader = replace(AUDIO_LOADER, seq_length=4096, buffer_sizes=(4,), workers=1, epochs=1, prefetch_factor=1)
     options = AudioBenchOptions(mix=TINY_MIX, loader=loader)  # every Omni family
-    (title, rows, columns), (padding_title, padding, _), (_, split, split_columns) = bench_audio_mix(tiny_mix, options)
+    tables = bench_audio_mix(tiny_mix, options)
+    (title, rows, columns), (padding_title, padding, _), (_, split, split_columns), (floor_title, floors, _) = tables
+    assert "audio floor" in floor_title and [row["family"] for row in floors] == list(OMNI_FAMILIES)
     assert "audio mix" in title and "6 clips" in title and "padded as the family's HF processor pads it" in padding_title
     sides = ("ours", "eager", "ours / eager")
     assert [(r["family"], r["side"]) for r in rows] == [(family, side) for family in OMNI_FAMILIES for side in sides]
@@ -146,6 +158,12 @@ def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tin
         assert ours["samples"] == eager["samples"] == 9  # every record, on both sides
         assert ours["worker peak RSS MiB"] >= ours["worker peak USS MiB"] and eager["worker peak RSS MiB"] >= eager["worker peak USS MiB"]
         assert ratio["samples/s"] == pytest.approx(ours["samples/s"] / eager["samples/s"])
+        assert ours["CPU s / sample"] == pytest.approx(ours["worker CPU s"] / 9)
+        assert ratio["CPU s / sample"] == pytest.approx(ours["CPU s / sample"] / eager["CPU s / sample"])
+        # The floor decodes and featurises the same 8 sounds; ours is set against it per sample.
+        floor = floors[index]
+        assert floor["sounds"] == 8 and floor["ours CPU s / sample"] == pytest.approx(ours["CPU s / sample"])
+        assert floor["ours / floor"] == pytest.approx(floor["ours CPU s / sample"] / floor["floor CPU s / sample"])
         assert ratio["worker peak USS MiB"] == pytest.approx(ours["worker peak USS MiB"] / eager["worker peak USS MiB"])
         pad_ours, pad_eager, pad_ratio = padding[3 * index : 3 * index + 3]
         # The same 8 sounds on both sides (7 clips heard, 1 video's track): the HF mask counts exactly
@@ -163,3 +181,8 @@ def test_a_tiny_audio_bench_carries_real_frames_ours_and_padded_frames_eager(tin
     qwen25 = padding[3 * OMNI_FAMILIES.index("qwen2.5-omni") + 1]
     assert qwen25["frames carried"] == 8 * load_processor(family="qwen2.5-omni").feature_extractor.nb_max_frames
     assert qwen25["s carried / sound"] == 300.0
+
+
+def test_floor_figures_set_ours_against_the_floor_per_sample() -> None:
+    figures = floor_figures(3.0, 100, 2.0)
+    assert figures == pytest.approx({"ours CPU s / sample": 0.03, "floor CPU s / sample": 0.02, "ours / floor": 1.5})

@@ -9,14 +9,15 @@ holds frames of its own, a seek or a drain waits for and flushes them all, and e
 a hand-off between threads).
 
 - Small pictures: one thread. Below `MIN_THREADED_PIXELS` a picture decodes in about the time
-  threads spend handing it over (clips of the bench mix, at most 320 px a side, sequential: slice threads 1.12x,
-  frame threads 1.65x the CPU seconds of one thread).
+  threads spend handing it over (clips of the bench mix, at most 320 px a side, sequential: slice
+  threads 1.12x, frame threads 1.65x the CPU seconds of one thread).
 - Larger pictures: slice threads, seeking or not. Frame threads are never chosen: the seeking
   decode (`qwen.frames`: a seek and a drain per sampled frame) pays their delay and flush at every
   seek (issue 50: 64 frames of a 1080p web clip, 2.06 s with frame threads, 1.20 s with slice
   threads), and a sequential decode of a 1080p web clip took 1.07-1.09x the wall and CPU seconds
-  of one thread with 2 or 4 frame threads on the machines measured (issue 50: 1.42x); frame threads gain
-  only where cores sit idle for them, which a loader that gives every core a worker does not leave.
+  of one thread with 2 or 4 frame threads on the machines measured (issue 50: 1.42x); frame
+  threads gain only where cores sit idle for them, which a loader that gives every core a worker
+  does not leave.
 
 More threads are never slower than one: slice threads cost a 1080p decode nothing measurable
 (CPU seconds within 2 %) and split pictures of several slices.

@@ -15,7 +15,7 @@ another: the layout depends on the seed, window index, worker index, worker coun
 Windows of references: a bin is costed when its round makes it ready, then its samples are
 *parked* (the buffer keeps their restore keys only) and read again by key when the bin's row is
 next, so a worker holds the plain stage's pending samples plus the row it emits, whatever ``N``.
-Windows start at ``first_window_rows`` and double up to ``N``
+The first window has ``first_window_rows`` rows and every later one ``N``
 (:func:`~energon_pack.packing.online_balance.ramped_window_rows`), so the first row waits for a
 few rows' headers, not a whole window's.
 
@@ -53,8 +53,8 @@ _COSTS_KEY = "costs"
 class OnlineBalance:
     """What a worker needs to lay out its windows: rows per window (``balance_window_rows``), the
     step size (``micro_batches_per_step``), the loader seed, the planned cost of a bin
-    (``bin_cost(samples) -> FLOPs``, from headers) and the rows of the first window (windows
-    double from there up to ``window_rows``)."""
+    (``bin_cost(samples) -> FLOPs``, from headers) and the rows of the first window (every later
+    window has ``window_rows``)."""
 
     window_rows: int
     micro_batches: int
@@ -169,8 +169,8 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
         self._costs = {index: cost for index, cost in state.get(_COSTS_KEY, [])}
 
     def window_rows(self, window: int) -> int:
-        """Rows of this worker's window number ``window``: ``balance_window_rows`` reached by
-        doubling from ``first_window_rows``, in whole steps (:func:`ramped_window_rows`)."""
+        """Rows of this worker's window number ``window``: ``first_window_rows`` for the first,
+        ``balance_window_rows`` for every later one, in whole steps (:func:`ramped_window_rows`)."""
         return ramped_window_rows(self.balance.window_rows, window, num_workers=self.worker_config.num_workers,
                                   micro_batches=self.balance.micro_batches, first=self.balance.first_window_rows)
 
@@ -234,4 +234,7 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
         return True
 
     def _measure_telemetry(self) -> dict[str, Any]:
-        return {**super()._measure_telemetry(), "balance": self._window}
+        # The window's figures, not the costs of the bins waiting for a window (state, not telemetry:
+        # a list as long as a window, and absent while a state of the last release is re-costed).
+        figures = {key: value for key, value in self._window.items() if key != _COSTS_KEY}
+        return {**super()._measure_telemetry(), "balance": figures}

@@ -43,7 +43,7 @@ def make_stage(cls=BalancedPackingDataset, *, undecodable: frozenset[str] = froz
     return cls(source, row=ROW, policy=POLICY, **row_builders(undecodable), worker_config=worker_config, **extra)
 
 
-@pytest.mark.parametrize(("window_rows", "first"), [(4, 8), (8, 2)], ids=["windows-of-4", "windows-2-4-8"])
+@pytest.mark.parametrize(("window_rows", "first"), [(4, 8), (8, 2)], ids=["windows-of-4", "windows-2-then-8"])
 def test_rows_are_the_plain_stages_in_the_window_layout(window_rows, first) -> None:
     plain, _ = take(make_stage(PendingGroupPackingDataset))
     balanced, state = take(make_stage(window_rows=window_rows, first_window_rows=first))

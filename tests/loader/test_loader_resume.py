@@ -7,7 +7,7 @@ import pytest
 
 from energon_pack.identity import ResumeMismatchError
 from energon_pack.loader import get_packing_loader
-from tests.support.loader_runs import EAGER, W, full_run, full_run_with_pending, make_config, row_digest, rows_after_resume
+from tests.support.loader_runs import EAGER, ENERGON_CHECKPOINTS, W, full_run, full_run_with_pending, make_config, row_digest, rows_after_resume
 
 # Slow: real Energon loaders (worker processes, whole epochs).
 pytestmark = pytest.mark.slow
@@ -39,15 +39,28 @@ def test_epoch_yields_every_key_once_minus_counted_skips(dataset, processor, all
     assert stats["fill"] > 0.5
 
 
+#: Worker checkpoints of the resume tests: the loader's default (one a row), and Energon's own
+#: defaults (a restore replays the rows made since the last checkpoint).
+CHECKPOINTS = {"default": {}, "energon": ENERGON_CHECKPOINTS}
+
+
+def test_a_worker_checkpoints_every_row_unless_the_caller_says_otherwise(dataset, processor):
+    """A restore re-makes the rows a worker made since its last checkpoint: one a row by default."""
+    with get_packing_loader(dataset, make_config(1), processor) as loader:
+        assert (loader.dataset.checkpoint_every_sec, loader.dataset.checkpoint_every_min_n_samples) == (0, 1)
+    with get_packing_loader(dataset, make_config(1), processor, **ENERGON_CHECKPOINTS) as loader:
+        assert (loader.dataset.checkpoint_every_sec, loader.dataset.checkpoint_every_min_n_samples) == (60, 2)
+
+
 @pytest.mark.parametrize(
-    ("num_workers", "eager", "buffer"),
+    ("num_workers", "checkpoints", "buffer"),
     [
-        *[(workers, eager, {}) for workers in (0, 1, 2) for eager in (True, False)],
-        (1, True, TOKEN_BUFFER),
+        *[(workers, checkpoints, {}) for workers in (0, 1, 2) for checkpoints in CHECKPOINTS],
+        (1, "default", TOKEN_BUFFER),
     ],
 )
-def test_restore_continues_with_identical_rows(dataset, processor, num_workers, eager, buffer):
-    kwargs = EAGER if eager else {}
+def test_restore_continues_with_identical_rows(dataset, processor, num_workers, checkpoints, buffer):
+    kwargs = CHECKPOINTS[checkpoints]
     config = make_config(num_workers, **buffer)
     reference, pending, _ = full_run_with_pending(dataset, processor, config, **kwargs)
     assert len(reference) >= 4

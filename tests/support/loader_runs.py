@@ -13,8 +13,11 @@ from energon_pack.loader import PackingLoaderState, get_packing_loader
 
 #: Row width (tokens) of the loader tests.
 W = 4096
-#: Loader keyword arguments that save a worker checkpoint after every sample (exact resume anywhere).
+#: Loader keyword arguments that save a worker checkpoint after every sample (exact resume anywhere;
+#: get_packing_loader's default since issue 49, spelled out where a test depends on it).
 EAGER = dict(checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
+#: Energon's own defaults (a checkpoint a minute at most): a restore replays rows from the last one.
+ENERGON_CHECKPOINTS = dict(checkpoint_every_sec=60, checkpoint_every_min_n_samples=None)
 ROW_TENSORS = (
     "input_ids", "labels", "loss_mask", "position_ids", "mrope_position_ids", "padding_mask",
     "cu_seqlens_q", "cu_seqlens_q_padded",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -299,7 +300,10 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
                 with stage_times.suspended():  # the consumer's time (in-process: the trainer's step)
                     yield row
         finally:
-            self._publish_stats(force=True)
+            # A generator left open (an in-process loader never closed) is finalized at interpreter
+            # exit, when the modules a publish needs may be gone: nothing is left to read it then.
+            if not sys.is_finalizing():
+                self._publish_stats(force=True)
 
     def _parked_at_restore(self) -> dict[int, int]:
         """Buffered samples a restored worker leaves parked (arrival index -> aligned slots): none;

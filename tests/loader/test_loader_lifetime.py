@@ -35,9 +35,10 @@ def test_a_failed_epoch_stops_its_workers(synthetic_dataset, processor):
 
 @pytest.mark.slow
 def test_a_caught_overlong_error_exits_cleanly(synthetic_dataset, tmp_path):
-    """The user catches the error and carries on; the interpreter exits with nothing on stderr
-    about worker processes (no ``AssertionError: can only test a child process``) and leaves no
-    statistics folder in its temporary folder."""
+    """The user catches the error and carries on, and leaves an in-process loader open; the
+    interpreter exits with nothing on stderr (no ``AssertionError: can only test a child process``,
+    no statistics published while modules are torn down) and leaves no statistics folder in its
+    temporary folder."""
     script = textwrap.dedent(f"""
         import logging
         from energon_pack import PackingConfig, get_packing_loader, load_processor
@@ -53,6 +54,9 @@ def test_a_caught_overlong_error_exits_cleanly(synthetic_dataset, tmp_path):
         logging.disable(logging.WARNING)
         other = get_packing_loader({str(synthetic_dataset.out_dir)!r}, PackingConfig(seq_length=4096, num_workers=2, repeat=False), processor)
         print("rows", sum(1 for _ in other))
+        in_process = get_packing_loader({str(synthetic_dataset.out_dir)!r}, PackingConfig(seq_length=4096, num_workers=0, repeat=False), processor)
+        left_open = iter(in_process)  # an in-process loader never closed: finalized at interpreter exit
+        next(left_open)
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)

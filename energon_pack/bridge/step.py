@@ -21,7 +21,7 @@ except ImportError as err:  # pragma: no cover - exercised where Bridge is absen
     ) from err
 
 from energon_pack.bridge.iterator import packing_iterator_of
-from energon_pack.metrics import RowMetrics
+from energon_pack.metrics import TOKEN_KEYS, RowMetrics
 
 __all__ = ["forward_step"]
 
@@ -91,14 +91,14 @@ def loss_with_row_metrics(
 
 
 def on_device(row: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """``row`` with its top-level tensors on ``device`` (non-blocking host-to-device copies: no
-    synchronisation), so that its metrics are computed, and all-reduced by Bridge, where the losses are.
+    """``row`` with the tensors RowMetrics reads per token (``TOKEN_KEYS``, a few [W] masks and the
+    segment boundaries) on ``device`` (non-blocking copies: no synchronisation), so that its metrics
+    are computed, and all-reduced by Bridge, where the losses are; the model's inputs (ids, labels,
+    positions, pixels) are not copied again.
 
-    Example: a host row and CUDA losses -> ``input_ids``, ``loss_mask``, ``cu_seqlens_q_padded``,
-    ``segment_source``, ... on CUDA; ``visual_inputs``, ``__stats__`` as they are.
+    Example: a host row and CUDA losses -> ``loss_mask``, ``padding_mask``, ``cu_seqlens_q_padded``,
+    ``segment_source`` on CUDA; ``input_ids``, ``visual_inputs``, ``__stats__`` as they are.
     """
-    return {
-        key: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-        for key, value in row.items()
-    }
+    return {key: row[key].to(device, non_blocking=True) if key in TOKEN_KEYS else value
+            for key, value in row.items()}
 

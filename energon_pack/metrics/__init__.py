@@ -6,8 +6,11 @@ from energon_pack.metrics.row_metrics import (
     RowMetrics,
     SourceInfo,
     SourceNameError,
+    TOKEN_KEYS,
     source_infos,
     source_name,
 )
 
-__all__ = ["DEFAULT_SKIP_REASONS", "RowMetrics", "SourceInfo", "SourceNameError", "source_infos", "source_name"]
+__all__ = [
+    "DEFAULT_SKIP_REASONS", "TOKEN_KEYS", "RowMetrics", "SourceInfo", "SourceNameError", "source_infos", "source_name",
+]

@@ -24,7 +24,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_SKIP_REASONS", "RowMetrics", "SourceInfo", "SourceNameError", "source_infos", "source_name"]
+#: The row's tensors the per-token figures read (where the losses are, they must be too).
+TOKEN_KEYS = ("padding_mask", "loss_mask", "cu_seqlens_q_padded", "segment_source")
+
+__all__ = [
+    "DEFAULT_SKIP_REASONS", "TOKEN_KEYS", "RowMetrics", "SourceInfo", "SourceNameError", "source_infos", "source_name",
+]
 
 #: Skip reasons reported one by one by default (``data/skipped/<reason>``): the packing budgets a user
 #: tunes. Every reason, these included, is in ``data/skipped/all``.
@@ -194,7 +199,7 @@ class RowMetrics:
         """float32 [(3 or 2) * S + 1, 2]: (lm loss,) tokens and supervised per source, then fill."""
         from energon_pack.rows.step import partition_positions
 
-        padding = row["padding_mask"].reshape(-1)
+        padding = row["padding_mask"].reshape(-1)  # TOKEN_KEYS: the row tensors read here
         loss_mask = row["loss_mask"].reshape(-1)
         boundaries = row["cu_seqlens_q_padded"].to(torch.int64)
         width = int(row.get("total_tokens", padding.numel()))

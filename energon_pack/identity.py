@@ -16,7 +16,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from energon_pack.config import DEFAULT_ROUND_ROWS, OLD_DEFAULT_BUFFER_SIZE, PackingConfig
+from energon_pack.config import (
+    DEFAULT_BALANCE_WINDOW_ROWS,
+    DEFAULT_ROUND_ROWS,
+    OLD_DEFAULT_BALANCE_WINDOW_ROWS,
+    OLD_DEFAULT_BUFFER_SIZE,
+    PackingConfig,
+)
 from energon_pack.core.token_rules import TOKEN_RULES_VERSION
 
 __all__ = [
@@ -77,7 +83,7 @@ def check_resume_fingerprint(
         return repr(mapping[key]) if key in mapping else "<absent>"
 
     lines = [f"  - {key}: saved {show(saved, key)}, current {show(current, key)}" for key in fields]
-    body = "\n".join(lines) + old_default_round_hint(saved, current)
+    body = "\n".join(lines) + old_default_round_hint(saved, current) + old_default_window_hint(saved, current)
     if allow_inexact:
         _LOG.warning("inexact resume: the loader state was saved under a different configuration:\n%s", body)
         return
@@ -108,6 +114,24 @@ def old_default_round_hint(saved: Mapping[str, Any], current: Mapping[str, Any])
         f"\n  the default round changed from buffer_size={OLD_DEFAULT_BUFFER_SIZE} samples to buffer_tokens = "
         f"{DEFAULT_ROUND_ROWS} * seq_length tokens (full rows at every width); this state may be an old default "
         f"state: to resume it exactly, set buffer_size: {OLD_DEFAULT_BUFFER_SIZE} in the config"
+    )
+
+
+def old_default_window_hint(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    """A line for an online balanced state saved under the old default window (256 rows a worker)
+    read under the new one (1024), else "".
+
+    Example: saved ``{"balance_window_rows": 256}``, current ``{"balance_window_rows": 1024}`` ->
+    "\n  the default balance_window_rows changed ... set balance_window_rows: 256 ...".
+    """
+    if not (saved.get("balance_window_rows") == OLD_DEFAULT_BALANCE_WINDOW_ROWS
+            and current.get("balance_window_rows") == DEFAULT_BALANCE_WINDOW_ROWS):
+        return ""
+    return (
+        f"\n  the default balance_window_rows changed from {OLD_DEFAULT_BALANCE_WINDOW_ROWS} to "
+        f"{DEFAULT_BALANCE_WINDOW_ROWS} rows (windows hold restore keys, not samples: steadier steps at no memory); "
+        f"this state may be an old default state: to resume it exactly, set balance_window_rows: "
+        f"{OLD_DEFAULT_BALANCE_WINDOW_ROWS} in the config"
     )
 
 
@@ -241,7 +265,7 @@ def online_balance_fingerprint(config: PackingConfig) -> dict[str, Any]:
 
     Example: ``balance_steps=True, cost_model="qwen2.5-vl-7b", micro_batches_per_step=2`` ->
     ``{"balance_steps": True, "cost_model": "qwen2.5-vl-7b", "frozen_vision": False,
-    "balance_window_rows": 256, "micro_batches_per_step": 2}``.
+    "balance_window_rows": 1024, "micro_batches_per_step": 2}``.
     """
     policy = config.policy
     if not policy.balance_steps or policy.mode != "online" or config.trainer.micro_batches_per_step is None:

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from energon_pack.core.arg_types import (
     comma_separated_ints, comma_separated_ints_or_none, decode_thread_counts, int_at_least, positive_float,
 )
+from energon_pack.config.policy import DEFAULT_BALANCE_WINDOW_ROWS
 from energon_pack.errors import UsageError
 
 
@@ -306,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     steps.add_argument(
         "--window-rows", type=int_at_least(1), default=None,
-        help="rows per worker window of online balanced rows (default: balance_window_rows' default, 256)"
+        help=f"rows per worker window of online balanced rows (default: balance_window_rows' default, {DEFAULT_BALANCE_WINDOW_ROWS})"
     )
     simulate.add_argument("--sample-mapping", default=None, metavar="MODULE:FUNCTION", help=_SAMPLE_MAPPING_HELP)
     _add_family_option(simulate, FAMILIES)
@@ -369,7 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     balance.add_argument("--balance-dp", type=int_at_least(1), default=4, help="data-parallel ranks (each a real loader)")
     balance.add_argument("--balance-micro", type=int_at_least(1), default=2, help="micro-batches per step")
-    balance.add_argument("--window-rows", type=int_at_least(1), default=64, help="rows per worker window")
+    balance.add_argument(
+        "--window-rows", type=int_at_least(1), default=DEFAULT_BALANCE_WINDOW_ROWS,
+        help="rows per worker window (balance_window_rows)",
+    )
     balance.add_argument("--cost-model", default="qwen2.5-vl-3b", help="model the rows are costed with")
     realistic = bench.add_argument_group(
         "--media realistic (also --seq-length, --workers, --epochs, --prefetch-factor; the first of --buffer-sizes)"

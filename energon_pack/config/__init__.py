@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from energon_pack.config.loader_options import LoaderOptions
 from energon_pack.config.packing_config import CONFIG_PARTS, PackingConfig, check_training_compat
-from energon_pack.config.policy import DEFAULT_ROUND_ROWS, OLD_DEFAULT_BUFFER_SIZE, OVERLONG_POLICIES, PACKING_MODES, PackingPolicy
+from energon_pack.config.policy import (
+    DEFAULT_BALANCE_WINDOW_ROWS,
+    DEFAULT_ROUND_ROWS,
+    OLD_DEFAULT_BALANCE_WINDOW_ROWS,
+    OLD_DEFAULT_BUFFER_SIZE,
+    OVERLONG_POLICIES,
+    PACKING_MODES,
+    PackingPolicy,
+)
 from energon_pack.config.row_layout import LOSS_REDUCTIONS, PIXEL_DTYPES, RowLayout
 from energon_pack.config.topology import ParallelTopology
 from energon_pack.config.trainer import TrainerSettings
@@ -22,7 +30,9 @@ from energon_pack.config.values import ConfigError, closest_keys
 
 __all__ = [
     "CONFIG_PARTS",
+    "DEFAULT_BALANCE_WINDOW_ROWS",
     "DEFAULT_ROUND_ROWS",
+    "OLD_DEFAULT_BALANCE_WINDOW_ROWS",
     "OLD_DEFAULT_BUFFER_SIZE",
     "LOSS_REDUCTIONS",
     "OVERLONG_POLICIES",

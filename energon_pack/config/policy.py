@@ -42,6 +42,14 @@ TOKEN_BLEND_ROUND_ROWS = 1
 #: What states saved before the default round changed hold: 16 samples per round.
 OLD_DEFAULT_BUFFER_SIZE = 16
 
+#: Rows per worker window of online balanced steps (``balance_window_rows``). Windows hold restore
+#: keys, not samples, so their size costs no memory; 1024 rows leave DP4 x 2 real loaders within
+#: 0.0025 of their rank floor where 256 left 0.003-0.004 (docs/balanced_steps.md).
+DEFAULT_BALANCE_WINDOW_ROWS = 1024
+
+#: What online balanced states saved before the window default changed hold: 256 rows a window.
+OLD_DEFAULT_BALANCE_WINDOW_ROWS = 256
+
 #: The blend settings at their defaults (left out of the fingerprint, as they change no row).
 BLEND_DEFAULTS: dict[str, Any] = {"blend_unit": "samples", "blend_schedule": None, "blend_schedule_mode": "step"}
 
@@ -95,7 +103,8 @@ class PackingPolicy:
     balance_window_rows: rows per worker window of the online loader's balanced steps
         (``balance_steps`` without a plan): a worker plans this many rows, ranks them by cost and
         emits them in a layout every rank shares (rounded up to whole steps; more rows: steadier
-        steps, more buffered samples; see ``docs/balanced_steps.md``).
+        steps, and more samples' headers read before a worker's second window starts; a window
+        holds restore keys, not samples; see ``docs/balanced_steps.md``).
     The last five are not in the online resume fingerprint (they change no online row); a plan
     built with ``balance_steps`` records them in its fingerprint.
     blend_unit: what the weights of a metadataset's blend are shares of: ``samples`` (Energon's
@@ -125,7 +134,7 @@ class PackingPolicy:
     frozen_vision: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     balance_steps: bool = field(default=False, metadata=NOT_FINGERPRINTED)
     balance_window_steps: int = field(default=16, metadata=NOT_FINGERPRINTED)
-    balance_window_rows: int = field(default=256, metadata=NOT_FINGERPRINTED)
+    balance_window_rows: int = field(default=DEFAULT_BALANCE_WINDOW_ROWS, metadata=NOT_FINGERPRINTED)
     blend_unit: Literal["samples", "tokens", "supervised_tokens"] = "samples"
     blend_schedule: tuple[BlendPoint, ...] | None = None
     blend_schedule_mode: Literal["step", "linear"] = "step"

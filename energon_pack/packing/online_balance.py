@@ -1,18 +1,20 @@
-"""Balanced steps for the online loader: cost windows laid out the same way on every rank.
+"""Balanced steps for the online loader: a sliding window of planned rows, laid out the same way on every rank.
 
 No plan and no communication. Every rank's rows come from the same distribution, so when every
-worker orders its own rows the same way, the row a rank reads at a given step costs about what
-the other ranks' rows of that step cost. Pure (no Energon, no torch); costs are modelled FLOPs
-(:mod:`energon_pack.rows.flops`).
+worker emits rows at the same cost quantiles in the same order, the row a rank reads at a given
+step costs about what the other ranks' rows of that step cost. Pure (no Energon, no torch); costs
+are modelled FLOPs (:mod:`energon_pack.rows.flops`).
 
-A worker plans a *window* of ``N`` rows (groups chosen from headers, nothing decoded), ranks them
-by cost (0 = heaviest, ties by planning order) and emits at its ``k``-th slot of the window the
-row of cost rank ``window_levels(...)[k]``. A rank's micro-batches come from its DataLoader
-workers in turn (Energon round-robins them), so a worker's slot ``k`` is position
-``j = k * num_workers + worker`` of the rank's window: step ``j // m``, slot ``j % m`` of the
-step (``m`` = micro-batches per step). The levels depend only on ``N``, the worker index, the
-worker count, ``m``, the seed and the window index, never on the data, so slot ``k`` of worker
-``w`` holds the same cost rank on every rank:
+A worker keeps a *pool* of planned rows (groups chosen from headers, nothing decoded), the first
+``pool_rows(N, k)`` of its ready rows in planning order when it emits its ``k``-th row: one row at
+first, ``ramp`` more per row emitted, then ``N`` (``balance_window_rows``, in whole steps). Row
+``k`` is the pool's row at the quantile of cost level ``level_of(k, ...)`` of a window of ``N``
+(:func:`pick_rank`): the levels are :func:`window_levels` of window ``k // N``, position ``k % N``. A
+rank's micro-batches come from its DataLoader workers in turn (Energon round-robins them), so a
+worker's ``k``-th row of a window is position ``j = k * num_workers + worker`` of the rank's
+window: step ``j // m``, slot ``j % m`` (``m`` = micro-batches per step). The levels depend only on
+``N``, the worker index, the worker count, ``m``, the seed and the window index, never on the
+data, so row ``k`` of worker ``w`` holds the same cost quantile on every rank:
 
 * the steps of a rank's window get a permutation of step levels (``random.Random(seed, window)``);
 * slot ``u`` of a step is cost stratum ``u`` (slot 0 the heaviest rows of the window, ...), the
@@ -20,20 +22,28 @@ worker count, ``m``, the seed and the window index, never on the data, so slot `
   its step with the lightest (heavy and light paired inside the rank's own step);
 * a worker's positions sorted by (stratum, level) take its rows heaviest first.
 
-See ``docs/balanced_steps.md`` (online section: figures, limits).
+The pool slides: each row emitted is replaced by the next planned row, so a worker never waits
+for a whole window to be planned (the ramp plans ``ramp`` rows per row emitted until the pool
+holds ``N``), and a row's quantile is read from ``N`` rows' costs once the pool is full.
+:func:`sliding_order` is the whole layout of a worker's rows in planning order. See
+``docs/balanced_steps.md`` (online section: figures, limits).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Sequence
 
-__all__ = ["FIRST_WINDOW_ROWS", "balanced_window_rows", "order_window", "ramped_window_rows", "window_levels"]
+__all__ = ["POOL_RAMP", "balanced_window_rows", "level_of", "pick_rank", "pool_rows", "sliding_order", "window_levels"]
 
-#: Rows per worker of a worker's first window (every later one has the configured size), so the
-#: first row waits for a few rows' headers, not for a whole window's.
-FIRST_WINDOW_ROWS = 8
+#: Rows a worker plans per row it emits while its pool fills (then one per row): the first row
+#: waits for one row's headers, the pool holds ``N`` rows after ``N / POOL_RAMP`` rows. Rows picked
+#: from a small pool are laid out from few rows' costs: on DP4 x 2 real loaders' rows, 1024-row
+#: windows, 512 rows a rank read 0.0038 over the rank floor at a ramp of 4, 0.0028 at 32, 0.0027
+#: with the whole window planned before the first row (docs/balanced_steps.md).
+POOL_RAMP = 32
 
 
 def balanced_window_rows(requested: int, *, num_workers: int, micro_batches: int) -> int:
@@ -49,22 +59,15 @@ def balanced_window_rows(requested: int, *, num_workers: int, micro_batches: int
     return -(-requested // multiple) * multiple
 
 
-def ramped_window_rows(
-    requested: int, window: int, *, num_workers: int, micro_batches: int, first: int = FIRST_WINDOW_ROWS
-) -> int:
-    """Rows of a worker's window number ``window`` (0 first): ``first`` rows for the first window (so
-    the first row waits for a few rows' headers, not for ``requested`` rows'), ``requested`` for every
-    later one, rounded to whole steps (:func:`balanced_window_rows`). Depends on the window index
-    only, so every rank's windows have the same sizes. One short window, not a doubling ramp: every
-    row laid out in a short window is balanced less well (a ramp 8, 16, ..., 128 put a worker's first
-    248 rows in short windows: DP4 x 2 real loaders read 1.0125 against a rank floor of 1.0021).
+def pool_rows(window_rows: int, emitted: int, *, ramp: int = POOL_RAMP) -> int:
+    """Rows of a worker's pool when it emits its row number ``emitted`` (0 first): one, ``ramp``
+    more per row emitted, at most ``window_rows``.
 
-    Example: requested 64, 2 workers, 2 micro-batches -> windows 0, 1, 2 have 8, 64, 64 rows.
+    Example: window_rows 64, ramp 32 -> emitted 0, 1, 2, 3 pool 1, 33, 64, 64 rows.
     """
-    if window < 0 or first < 1:
-        raise ValueError(f"window={window} must be >= 0 and first={first} >= 1")
-    size = min(requested, first) if window == 0 else requested
-    return balanced_window_rows(size, num_workers=num_workers, micro_batches=micro_batches)
+    if window_rows < 1 or emitted < 0 or ramp < 1:
+        raise ValueError(f"window_rows={window_rows} and ramp={ramp} must be >= 1 and emitted={emitted} >= 0")
+    return min(window_rows, 1 + ramp * emitted)
 
 
 def window_levels(
@@ -97,13 +100,53 @@ def window_levels(
     return levels
 
 
-def order_window(costs: Sequence[float], levels: Sequence[int]) -> list[int]:
-    """Indices into ``costs`` (a window's rows in planning order) in emission order: slot ``k``
-    emits the row of cost rank ``levels[k]`` (heaviest first, ties by planning order).
+def level_of(emitted: int, *, window_rows: int, worker: int, num_workers: int, micro_batches: int, seed: int) -> int:
+    """Cost level (0 = heaviest of ``window_rows``) of a worker's row number ``emitted``:
+    :func:`window_levels` of window ``emitted // window_rows`` at ``emitted % window_rows``.
 
-    Example: costs [1, 5, 3], levels [2, 0, 1] -> [0, 1, 2] (lightest, heaviest, middle).
+    Example: window_rows 4, 1 worker, 2 micro-batches, emitted 0..3 -> e.g. 0, 3, 1, 2.
     """
-    if sorted(levels) != list(range(len(costs))):
-        raise ValueError(f"levels {list(levels)} are not a permutation of the {len(costs)} rows' ranks")
-    ranked = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
-    return [ranked[level] for level in levels]
+    window, position = divmod(emitted, window_rows)
+    return window_levels(window_rows, window=window, worker=worker, num_workers=num_workers,
+                         micro_batches=micro_batches, seed=seed)[position]
+
+
+def pick_rank(pool: int, level: int, window_rows: int) -> int:
+    """Cost rank (0 = heaviest) in a pool of ``pool`` rows of the row at the quantile of cost level
+    ``level`` of ``window_rows``: ``(2 level + 1) pool // (2 window_rows)``.
+
+    Example: pool 3, window_rows 4 -> level 0: 0 (the heaviest); level 3: 2 (the lightest); a full
+    pool (3 of 3) -> the level itself.
+    """
+    if pool < 1 or not 0 <= level < window_rows:
+        raise ValueError(f"level={level} must be in [0, window_rows={window_rows}) and pool={pool} >= 1")
+    return (2 * level + 1) * pool // (2 * window_rows)
+
+
+def sliding_order(
+    costs: Sequence[float], *, window_rows: int, worker: int, num_workers: int, micro_batches: int, seed: int,
+    ramp: int = POOL_RAMP,
+) -> list[int]:
+    """Emission order of a worker's rows (``costs`` in planning order; ``window_rows`` in whole
+    steps, :func:`balanced_window_rows`): row ``k`` is the row of cost rank :func:`pick_rank` (ties
+    by planning order) among the first :func:`pool_rows` rows not yet emitted, at :func:`level_of`
+    ``k``. The whole layout of the balanced stage: its rows are its plain rows in this order.
+
+    Example: costs [1, 5, 3, 2], window_rows 4, 1 worker, 2 micro-batches, seed 0, ramp 4 -> [0, 2, 1, 3]
+    (row 0 from a pool of one; levels 2, 0, 3 then take the 3, the 5 and the 2).
+    """
+    pool: list[tuple[float, int]] = []  # (-cost, planning position), sorted: cost rank order
+    arrived = 0
+    levels: dict[int, list[int]] = {}
+    order = []
+    for emitted in range(len(costs)):
+        size = pool_rows(window_rows, emitted, ramp=ramp)
+        while len(pool) < size and arrived < len(costs):
+            bisect.insort(pool, (-costs[arrived], arrived))
+            arrived += 1
+        window, position = divmod(emitted, window_rows)
+        if window not in levels:
+            levels = {window: window_levels(window_rows, window=window, worker=worker, num_workers=num_workers,
+                                            micro_batches=micro_batches, seed=seed)}
+        order.append(pool.pop(pick_rank(len(pool), levels[window][position], window_rows))[1])
+    return order

@@ -23,7 +23,7 @@ from energon_pack.core.alignment import aligned_length
 from energon_pack.packing.algorithms import PackItem, RoundSize, RowBudget, first_fit_decreasing
 from energon_pack.packing.balance import BalancedStream, StepStats, balance_rows, step_imbalance, synthetic_grids
 from energon_pack.packing.global_plan import plan_rows
-from energon_pack.packing.online_balance import balanced_window_rows, order_window, window_levels
+from energon_pack.packing.online_balance import balanced_window_rows, sliding_order
 from energon_pack.packing.planner import PlannedRound, RoundPlanner
 from energon_pack.core.tables import format_table as format_text_table
 from energon_pack.rows.flops import CostModel
@@ -662,20 +662,15 @@ class OnlineRows:
                    seed: int) -> np.ndarray:
         """Row costs [dp, steps * micro_batches] in each rank's reading order: its workers' rows
         in turn; each worker's rows in planning order (``window_rows`` None: today) or laid out
-        in windows by :func:`window_levels` / :func:`order_window` (online balanced rows)."""
+        by :func:`sliding_order` over windows of ``window_rows`` (online balanced rows)."""
         per_worker = -(-steps * micro_batches // workers)
         out = np.empty((dp, per_worker * workers))
         for rank in range(dp):
             for worker in range(workers):
                 costs = self.shard_rows(rank * workers + worker, dp * workers, per_worker + (window_rows or 0), seed)
                 if window_rows is not None:
-                    emitted = []
-                    for window in range(-(-per_worker // window_rows)):
-                        chunk = costs[window * window_rows : (window + 1) * window_rows]
-                        levels = window_levels(len(chunk), window=window, worker=worker, num_workers=workers,
-                                               micro_batches=micro_batches, seed=seed)
-                        emitted.extend(chunk[order_window(chunk.tolist(), levels)])
-                    costs = np.array(emitted)
+                    costs = costs[sliding_order(costs.tolist(), window_rows=window_rows, worker=worker,
+                                                num_workers=workers, micro_batches=micro_batches, seed=seed)]
                 out[rank, worker::workers] = costs[:per_worker]
         return out[:, : steps * micro_batches]
 

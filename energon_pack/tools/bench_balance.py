@@ -13,8 +13,10 @@ fill, today against balanced. Without
 
 A second table puts what balancing costs a worker side by side, plain against balanced, on rank 0
 of ``--balance-dp``: worker peak USS (every worker process, sampled every 50 ms), seconds from
-building the loader to its first row, seconds from building a loader restored from a state saved
-after ``--rows`` rows (a step boundary) to its first row, the samples that restore read again by
+building the loader to its first row and to its ``--rows``-th (a balanced worker plans rows ahead of
+what it emits while its pool fills: ``POOL_RAMP`` rows per row, docs/balanced_steps.md), seconds
+from building a loader restored from a state saved after ``--rows`` rows (a step boundary) to its
+first row, the samples that restore read again by
 key (``loader.stats()["restore_reads"]``) and the samples read again per row because their row
 waited in a window (``parked_reads``). With ``--media realistic`` only this table runs, on the
 realistic mix (12 MP photos, web-encoded clips: ``--photos``, ``--clips``, ``--mix-scale``).
@@ -33,8 +35,8 @@ from energon_pack.tools.common import BenchRows
 from energon_pack.tools.realistic_mix import RealisticMix, clip_durations, realistic_dataset
 
 COLUMNS = ["order", "step imbalance (mean)", "p99", "summed", "rank floor", "row cost CV", "fill", "rows per rank"]
-COST_COLUMNS = ["loader", "worker peak USS MiB", "s to first row", "s restore to first row", "reads per restore",
-                "parked reads per row"]
+COST_COLUMNS = ["loader", "worker peak USS MiB", "s to first row", "s to last row", "s restore to first row",
+                "reads per restore", "parked reads per row"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,9 +103,10 @@ def rank_row_flops(path: Any, config: Any, processor: Any, *, dp: int, rows: int
 
 
 def loader_costs(path: Any, config: Any, processor: Any, *, dp: int, rows: int) -> dict[str, float]:
-    """What one loader (rank 0 of ``dp``) costs: worker peak USS (bytes), seconds to its first row,
-    and, for a loader restored from the state saved after ``rows`` rows, seconds to its first row,
-    samples read again by key at the restore and parked samples read again per row."""
+    """What one loader (rank 0 of ``dp``) costs: worker peak USS (bytes), seconds to its first row
+    and to its ``rows``-th, and, for a loader restored from the state saved after ``rows`` rows,
+    seconds to its first row, samples read again by key at the restore and parked samples read
+    again per row."""
     from energon_pack.loader import get_packing_loader
     from energon_pack.tools.bench_loader import WorkerMemorySampler
 
@@ -117,6 +120,7 @@ def loader_costs(path: Any, config: Any, processor: Any, *, dp: int, rows: int) 
             first = time.perf_counter() - start
             for _ in range(rows - 1):
                 next(iterator)
+            last = time.perf_counter() - start
             state = loader.save_state_rank()
             parked = loader.stats()["parked_reads"]
         start = time.perf_counter()
@@ -130,7 +134,8 @@ def loader_costs(path: Any, config: Any, processor: Any, *, dp: int, rows: int) 
             reads = resumed.stats()["restore_reads"]
     finally:
         sampler.stop()
-    return {"uss": sampler.peak_uss, "first": first, "restored": restored, "reads": reads, "parked": parked / rows}
+    return {"uss": sampler.peak_uss, "first": first, "last": last, "restored": restored, "reads": reads,
+            "parked": parked / rows}
 
 
 def cost_table(path: Any, processor: Any, options: BalanceBenchOptions) -> BenchRows:
@@ -148,6 +153,7 @@ def cost_table(path: Any, processor: Any, options: BalanceBenchOptions) -> Bench
     table: BenchRows = [{
         "loader": f"balanced (windows of {options.window_rows} rows)" if balance else "plain",
         "worker peak USS MiB": f"{f['uss'] / 2**20:.0f}", "s to first row": f"{f['first']:.2f}",
+        "s to last row": f"{f['last']:.2f}",
         "s restore to first row": f"{f['restored']:.2f}", "reads per restore": f"{f['reads']}",
         "parked reads per row": f"{f['parked']:.2f}",
     } for balance, f in figures.items()]
@@ -155,6 +161,7 @@ def cost_table(path: Any, processor: Any, options: BalanceBenchOptions) -> Bench
     table.append({
         "loader": "balanced / plain", "worker peak USS MiB": f"{balanced['uss'] / plain['uss']:.2f}x",
         "s to first row": f"{balanced['first'] / plain['first']:.2f}x",
+        "s to last row": f"{balanced['last'] / plain['last']:.2f}x",
         "s restore to first row": f"{balanced['restored'] / plain['restored']:.2f}x",
         "reads per restore": f"{balanced['reads'] / max(1, plain['reads']):.2f}x", "parked reads per row": "",
     })
@@ -171,7 +178,7 @@ def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions
 
     processor = load_processor()
     cost_title = (f"what balancing costs a worker (rank 0 of DP{options.dp}, {options.workers} workers, "
-                  f"W={options.seq_length}, state saved after {options.rows} rows)")
+                  f"W={options.seq_length}, state saved after the last of {options.rows} rows)")
     if options.realistic is not None:
         path = str(realistic_dataset(work_dir, options.realistic))
         return [(f"{cost_title}, realistic mix {path}", cost_table(path, processor, options), COST_COLUMNS)]

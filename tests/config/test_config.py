@@ -556,6 +556,27 @@ def test_an_old_default_state_is_refused_naming_the_fix_and_resumes_with_buffer_
     check_resume_fingerprint(old_default, {**PackingConfig(seq_length=8192, buffer_size=16).fingerprint(), "world_size": 1})
 
 
+def test_an_old_default_balanced_window_state_is_refused_naming_the_fix() -> None:
+    from energon_pack.identity import online_balance_fingerprint
+
+    def fingerprint(**policy: Any) -> dict[str, Any]:
+        config = PackingConfig(seq_length=8192, balance_steps=True, cost_model="qwen2.5-vl-3b",
+                               micro_batches_per_step=2, **policy)
+        return {**config.fingerprint(), **online_balance_fingerprint(config)}
+
+    old_default = fingerprint(balance_window_rows=256)
+    with pytest.raises(ResumeMismatchError) as info:
+        check_resume_fingerprint(old_default, fingerprint())
+    assert info.value.fields == ["balance_window_rows"]
+    assert "default balance_window_rows changed from 256 to 1024" in str(info.value)
+    assert "to resume it exactly, set balance_window_rows: 256" in str(info.value)
+    check_resume_fingerprint(old_default, fingerprint(balance_window_rows=256))
+    # Any other window: the plain mismatch, no hint.
+    with pytest.raises(ResumeMismatchError) as info:
+        check_resume_fingerprint(fingerprint(balance_window_rows=512), fingerprint())
+    assert "default balance_window_rows changed" not in str(info.value)
+
+
 def test_a_default_state_does_not_resume_at_another_width() -> None:
     saved = PackingConfig(seq_length=8192).fingerprint()
     with pytest.raises(ResumeMismatchError) as info:

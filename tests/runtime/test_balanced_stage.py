@@ -1,5 +1,5 @@
 """The balanced packing stage (online balanced steps) on an in-memory source: the plain stage's
-rows in the window layout, exact resume from every row boundary, its window state checked."""
+rows in the sliding layout, exact resume from every row boundary, its window state checked."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from megatron.energon.worker import WorkerConfig
 
 from energon_pack.config import PackingConfig, PackingPolicy, RowLayout
-from energon_pack.packing.online_balance import order_window, ramped_window_rows, window_levels
+from energon_pack.packing.online_balance import POOL_RAMP, balanced_window_rows, sliding_order
 from energon_pack.runtime.balanced_stage import (
     BalancedPackingDataset,
     OnlineBalance,
@@ -20,7 +20,7 @@ from energon_pack.runtime.balanced_stage import (
 from energon_pack.runtime.packing_stage import ParkedSample, PendingGroupPackingDataset
 from tests.support.stage_source import ListSource, row_builders, take
 
-#: Token lengths (W = 32): several windows of 4 rows, pending groups, a flush and a short last window.
+#: Token lengths (W = 32): several windows of 4 rows, pending groups, a flush and a pool that drains.
 LENGTHS = [20, 9, 7, 30, 3, 12, 16, 5, 25, 8, 11, 2, 14, 6, 19, 4, 13, 10, 22, 1, 17, 15, 9, 18,
            27, 6, 3, 21, 11, 8, 24, 2, 16, 13, 5, 29, 7, 12, 18, 9]
 ROW = RowLayout(seq_length=32)
@@ -34,37 +34,30 @@ def cost(samples) -> int:
 
 
 def make_stage(cls=BalancedPackingDataset, *, undecodable: frozenset[str] = frozenset(), window_rows: int = 4,
-               first_window_rows: int = 8):
+               ramp: int = POOL_RAMP):
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0)
     source = ListSource(LENGTHS, worker_config=worker_config)
     extra = {} if cls is PendingGroupPackingDataset else {
-        "balance": OnlineBalance(window_rows=window_rows, micro_batches=MICRO, seed=3, bin_cost=cost,
-                                 first_window_rows=first_window_rows)}
+        "balance": OnlineBalance(window_rows=window_rows, micro_batches=MICRO, seed=3, bin_cost=cost, ramp=ramp)}
     return cls(source, row=ROW, policy=POLICY, **row_builders(undecodable), worker_config=worker_config, **extra)
 
 
-@pytest.mark.parametrize(("window_rows", "first"), [(4, 8), (8, 2)], ids=["windows-of-4", "windows-2-then-8"])
-def test_rows_are_the_plain_stages_in_the_window_layout(window_rows, first) -> None:
+@pytest.mark.parametrize(("window_rows", "ramp"), [(4, POOL_RAMP), (8, 2), (5, 1)],
+                         ids=["windows-of-4", "windows-of-8-ramp-2", "windows-of-6-ramp-1"])
+def test_rows_are_the_plain_stages_in_the_sliding_layout(window_rows, ramp) -> None:
     plain, _ = take(make_stage(PendingGroupPackingDataset))
-    balanced, state = take(make_stage(window_rows=window_rows, first_window_rows=first))
+    balanced, state = take(make_stage(window_rows=window_rows, ramp=ramp))
     plain_rows = [keys for keys, _ in plain]
-    assert sorted(map(tuple, plain_rows)) == sorted(tuple(keys) for keys, _ in balanced)  # the same rows
     length = dict(zip((f"s{i}" for i in range(len(LENGTHS))), LENGTHS))
-    expected, start, window = [], 0, 0
-    while start < len(plain_rows):
-        size = ramped_window_rows(window_rows, window, num_workers=0, micro_batches=MICRO, first=first)
-        rows = plain_rows[start : start + size]
-        levels = window_levels(len(rows), window=window, worker=0, num_workers=0, micro_batches=MICRO, seed=3)
-        costs = [sum(length[key] ** 2 for key in keys) for keys in rows]
-        expected += [rows[i] for i in order_window(costs, levels)]
-        start, window = start + size, window + 1
-    assert [keys for keys, _ in balanced] == expected
-    assert expected != plain_rows
-    assert state["_window"]["windows"] == window and state["_window"]["left"] == 0
+    costs = [sum(length[key] ** 2 for key in keys) for keys in plain_rows]
+    order = sliding_order(costs, window_rows=balanced_window_rows(window_rows, num_workers=0, micro_batches=MICRO),
+                          worker=0, num_workers=0, micro_batches=MICRO, seed=3, ramp=ramp)
+    assert [keys for keys, _ in balanced] == [plain_rows[i] for i in order]
+    assert order != sorted(order)
+    assert state["_window"]["emitted"] == len(plain_rows) and state["_window"]["costs"] == []
     report = balance_report([stats for _, stats in balanced[-1:]])
     assert report["balanced_row_flops"]["rows"] == len(plain_rows)
-    assert report["balanced_row_flops"]["mean"] == pytest.approx(
-        sum(sum(length[k] ** 2 for k in keys) for keys in plain_rows) / len(plain_rows))
+    assert report["balanced_row_flops"]["mean"] == pytest.approx(sum(costs) / len(plain_rows))
     assert report["balanced_window_max_over_mean"] >= 1.0
 
 
@@ -85,31 +78,51 @@ def held(stage) -> dict[int, bool]:
     return {index: not isinstance(sample, ParkedSample) for index, sample in stage._samples._samples.items()}
 
 
-def test_window_rows_hold_restore_keys_only_and_are_read_when_their_row_comes() -> None:
-    stage = make_stage(window_rows=8, first_window_rows=2)
+def test_pool_rows_hold_restore_keys_only_and_are_read_when_their_row_comes() -> None:
+    stage = make_stage(window_rows=8, ramp=2)
     rows, state = take(stage, 5)
     ready = {item[0] for group in state["_plan"]["ready"] for item in group}
     assert ready and held(stage) == {index: index not in ready for index in held(stage)}  # pending/new held
-    # Every emitted sample was parked in a window and read once more for its row; plain reads none again.
+    # Every emitted sample was parked in the pool and read once more for its row; plain reads none again.
     assert stage._samples.reads == {"restore": 0, "parked": sum(len(keys) for keys, _ in rows)}
     plain = make_stage(PendingGroupPackingDataset)
     take(plain)
     assert plain._samples.reads == {"restore": 0, "parked": 0}
 
 
+def last_release_window(state: dict, left: int, *, costed: bool) -> dict:
+    """``state`` with its ``_window`` as the release before saved it (windows laid out whole): 2
+    windows formed, ``left`` rows of the current one (the first ready bins, uncosted), the costs of
+    the bins waiting for the next window (``costed``) or none (the release before that)."""
+    window = {key: state["_window"][key] for key in ("rows", "flops_sum", "flops_sq_sum", "window_max_over_mean")}
+    firsts = [group[0][0] for group in state["_plan"]["ready"]]
+    costs = [pair for pair in state["_window"]["costs"] if pair[0] in firsts[left:]] if costed else []
+    return {**state, "_window": {"windows": 2, "left": left, **window, **({"costs": costs} if costed else {})}}
+
+
 @pytest.mark.parametrize("saved_after", [1, 2, 6])
 def test_a_restore_reads_pending_samples_only_and_a_state_of_the_last_release_restores(saved_after) -> None:
-    reference, _ = take(make_stage(window_rows=8, first_window_rows=2))
-    _, state = take(make_stage(window_rows=8, first_window_rows=2), saved_after)
-    # The bins waiting for the next window were costed when they became ready.
-    assert len(state["_window"]["costs"]) == len(state["_plan"]["ready"]) - state["_window"]["left"]
+    reference, _ = take(make_stage(window_rows=8, ramp=2))
+    _, state = take(make_stage(window_rows=8, ramp=2), saved_after)
+    # Every ready bin (the pool and the bins planned ahead of it) was costed when it became ready.
+    assert sorted(index for index, _ in state["_window"]["costs"]) == sorted(
+        group[0][0] for group in state["_plan"]["ready"])
     waiting = len(state["_plan"]["new"]) + len(state["_plan"]["pending"])
-    for saved in (state, {**state, "_window": {k: v for k, v in state["_window"].items() if k != "costs"}}):
-        resumed = make_stage(window_rows=8, first_window_rows=2)
-        resumed.restore_state(copy.deepcopy(saved))  # a stage takes over the state's containers
+    resumed = make_stage(window_rows=8, ramp=2)
+    resumed.restore_state(copy.deepcopy(state))  # a stage takes over the state's containers
+    continuation, _ = take(resumed)
+    assert continuation == reference[saved_after:]
+    assert resumed._samples.reads["restore"] == waiting  # not the pool's samples
+    # A state of the releases before: the same rows follow (every sample once), in this release's order.
+    left = min(2, len(state["_plan"]["ready"]))
+    for costed in (True, False):
+        old = last_release_window(state, left, costed=costed)
+        assert balanced_state_problems(old) == []
+        resumed = make_stage(window_rows=8, ramp=2)
+        resumed.restore_state(copy.deepcopy(old))
         continuation, _ = take(resumed)
-        assert continuation == reference[saved_after:]
-        assert resumed._samples.reads["restore"] == waiting  # not the window's samples
+        assert sorted(keys for keys, _ in continuation) == sorted(keys for keys, _ in reference[saved_after:])
+        assert resumed._samples.reads["restore"] == waiting
     _, plain_state = take(make_stage(PendingGroupPackingDataset), saved_after)
     buffered = len(plain_state["_samples"]["_restore_keys"])
     plain = make_stage(PendingGroupPackingDataset)
@@ -120,8 +133,11 @@ def test_a_restore_reads_pending_samples_only_and_a_state_of_the_last_release_re
 
 def test_a_damaged_window_state_is_named() -> None:
     _, state = take(make_stage(), 3)
-    assert state["_window"]["left"] > 0
-    broken = {**state, "_window": {**state["_window"], "left": 99}}
+    assert state["_plan"]["ready"]
+    emitted = {**state, "_window": {**state["_window"], "emitted": -1}}
+    assert balanced_state_problems(emitted) == ["_window: emitted=-1 is not a non-negative integer"]
+    old = last_release_window(state, 1, costed=True)
+    broken = {**old, "_window": {**old["_window"], "left": 99}}
     assert balanced_state_problems(broken) == [
         f"_window: left=99 rows of the current window, but only {len(state['_plan']['ready'])} ready bins are saved"]
     assert balanced_state_problems({**state, "_window": {"windows": -1}})[0].startswith("_window is not a saved")

@@ -148,6 +148,7 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
     """:class:`PendingGroupPackingDataset` emitting its rows at shared cost quantiles (module docstring)."""
 
     _savable_fields = (*PendingGroupPackingDataset._savable_fields, "_window")
+    _shallow_fields = (*PendingGroupPackingDataset._shallow_fields, "_window")
 
     def __init__(self, dataset: Any, *, balance: OnlineBalance, **kwargs: Any) -> None:
         #: Window size, step size, seed, bin cost and ramp of the layout.

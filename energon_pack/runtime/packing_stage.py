@@ -24,16 +24,18 @@ bin is taken from the planner before its row is yielded.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from megatron.energon.flavors.base_dataset import (
     FlexState,
+    Savable,
     SavableDataset,
     add_sample_restore_key,
     set_sample_restore_key,
@@ -103,6 +105,27 @@ class ParkedSample:
     def nbytes(self) -> int:
         """Bytes of its data held: none."""
         return 0
+
+
+def own_state(dataset: SavableDataset, *, shallow: Collection[str]) -> FlexState:
+    """``SavableDataset.save_state`` of ``dataset`` (each of its ``_savable_fields``: a Savable's
+    own state, else a deep copy), the fields in ``shallow`` copied one level only: containers of
+    immutable values (restore keys, item tuples), built anew or copied here. A worker checkpoints
+    every row (``loader.ROW_CHECKPOINTS``), and deep copies of a balanced worker's 1024-row pool
+    took most of its time.
+
+    Example: a stage whose ``_plan`` is ``{"ready": [[(0, 9, 0, 0, 0)]], ...}`` -> the same dict
+    (a new one), its item tuples shared.
+    """
+    state = FlexState()
+    state["__class__"] = type(dataset).__name__
+    for key in dataset._savable_fields:
+        value = getattr(dataset, key)
+        if isinstance(value, Savable):
+            state[key] = value.save_state()
+        else:
+            state[key] = copy.copy(value) if key in shallow else copy.deepcopy(value)
+    return state
 
 
 class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
@@ -185,8 +208,9 @@ class ArrivalBuffer(BaseWrapperDataset[PreparedSample, PreparedSample]):
         return len(self._restore_keys)
 
     def save_state(self) -> FlexState:
-        # Own state only: the wrapped dataset is saved by the stage's other fields.
-        return SavableDataset.save_state(self)
+        # Own state only: the wrapped dataset is saved by the stage's other fields. Restore keys
+        # are tuples: a copy of the mapping is a copy of the state.
+        return own_state(self, shallow=self._savable_fields)
 
     def restore_state(self, state: FlexState) -> None:
         SavableDataset.restore_state(self, state)
@@ -278,6 +302,15 @@ class PendingGroupPackingDataset(BaseWrapperDataset[PreparedSample, PackedRow]):
     @_plan.setter
     def _plan(self, state: dict[str, Any]) -> None:
         self._planner.restore(state)
+
+    #: Savable fields whose getters build plain data anew on every save (copied one level only).
+    _shallow_fields: tuple[str, ...] = ("_plan",)
+
+    def save_state(self) -> FlexState:
+        # BaseWrapperDataset.save_state (the inner datasets' states and this stage's own fields),
+        # without deep copies of the fields built anew for the save (see own_state).
+        return FlexState(datasets=[dataset.save_state() for dataset in self.datasets],
+                         **own_state(self, shallow=self._shallow_fields))
 
     def restore_state(self, state: FlexState) -> None:
         super().restore_state(state)

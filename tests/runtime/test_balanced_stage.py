@@ -4,6 +4,7 @@ rows in the sliding layout, exact resume from every row boundary, its window sta
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 from megatron.energon.worker import WorkerConfig
@@ -156,3 +157,23 @@ def test_balance_steps_without_a_plan_needs_the_step_size() -> None:
     layout = online_balance(PackingConfig(seq_length=1024, balance_steps=True, cost_model="qwen2.5-vl-7b",
                                           micro_batches_per_step=4, balance_window_rows=32, seed=5), cost)
     assert (layout.window_rows, layout.micro_batches, layout.seed) == (32, 4, 5)
+
+
+@pytest.mark.parametrize("cls", [PendingGroupPackingDataset, BalancedPackingDataset])
+def test_a_saved_state_is_energons_own_and_shares_nothing_mutable_with_the_stage(cls) -> None:
+    from megatron.energon.wrappers.base import BaseWrapperDataset
+
+    stage = make_stage(cls, window_rows=8, ramp=2)
+    stage.worker_config.worker_activate(0)
+    try:
+        iterator = iter(stage)
+        for _ in range(4):
+            next(iterator)
+        ours, energons = stage.save_state(), BaseWrapperDataset.save_state(stage)  # Energon: deep copies
+        assert ours == energons and ours["_plan"]["ready"]
+        frozen = pickle.dumps(ours)
+        for _ in range(4):  # the stage goes on: the saved state must not change with it
+            next(iterator)
+        assert pickle.dumps(ours) == frozen
+    finally:
+        stage.worker_config.worker_deactivate()

@@ -287,7 +287,7 @@ class PackingDataLoader(SavableDataLoader):
             raise ValueError(
                 f"save_state_rank after {self._rows_in_iteration} rows of this iteration, in the middle of a step of "
                 f"micro_batches_per_step={self.step_rows} rows: a loader balancing steps saves after whole steps "
-                "(its workers' windows are laid out in steps); fix: save at a step boundary (after the optimizer step)"
+                "(its workers' rows are laid out in steps); fix: save at a step boundary (after the optimizer step)"
             )
         with naming_dead_workers(self._stats_dir.name):  # a worker that died is found here too
             energon_state = super().save_state_rank()
@@ -388,8 +388,9 @@ def get_packing_loader(
     worker checkpoints every row (``ROW_CHECKPOINTS``), so a restore re-makes no rows.
 
     ``config.balance_steps`` without ``plan`` (with ``micro_batches_per_step``): each worker emits
-    its rows in cost windows every rank lays out alike (``energon_pack.runtime.balanced_stage``;
-    train split only, states saved at step boundaries; docs/balanced_steps.md).
+    its rows at cost quantiles of a sliding pool every rank lays out alike
+    (``energon_pack.runtime.balanced_stage``; train split only, states saved at step boundaries;
+    docs/balanced_steps.md).
 
     ``plan`` (a ``PackPlan`` or the path of one written by ``energon-pack plan``): rows come
     from the plan instead of online selection; the result is a ``PlanDataLoader`` whose state

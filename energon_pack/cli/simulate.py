@@ -129,7 +129,7 @@ def print_step_table(samples: list[MixSample], source: str, args: argparse.Names
     print("imbalance = slowest rank / mean rank cost of a step; today: plan rows, rank = position % dp; balanced: "
           f"balance_steps plan, cost windows of {defaults.balance_window_steps} steps, LPT dealing")
     print(f"online: each rank's own online rows, {args.workers} workers per rank read in turn, in planning order; "
-          f"online balanced: windows of {window_rows} rows per worker (rounded to whole steps) laid out by cost "
+          f"online balanced: a sliding pool of {window_rows} rows per worker (rounded to whole steps) read at shared cost quantiles "
           f"(balance_steps without a plan); online fill {first['online_fill']:.2%} either way (same rows); online floor: "
           "per window, the costliest rank's total over the mean rank's (no order within windows sums below it)")
     print(format_table([

@@ -14,15 +14,15 @@ as the plain stage does, and the next round tops the pool up. Rows are the plain
 layout depends on the seed, the row index, the worker index, the worker count and the step size.
 
 Windows of references: once a bin is costed its samples are *parked* (the buffer keeps their
-restore keys only) and read again by key when the bin's row is next, as are the samples a round
-leaves pending, so a worker holds one round of new samples plus the row it emits, whatever ``N``. The first row waits for one bin,
+restore keys only) and read again by key when the bin's row is next, so a worker holds the plain
+stage's pending samples plus the row it emits, whatever ``N``. The first row waits for one bin,
 not a window; while the pool fills, each row waits for ``ramp`` bins' headers.
 
 State: the plain stage's fields (the pool's bins are the planner's ready bins and their samples
 the buffered restore keys) plus ``_window``: rows emitted, the cost of every ready bin, the
-planned rows' cost sums for ``loader.stats()``. The samples of ready bins and of pending groups are
-parked after each round, so a restored worker reads no sample at the restore: each is read when a
-round costs its bin and when its row comes. A ``_window`` of the release before (windows laid
+planned rows' cost sums for ``loader.stats()``. A restored worker reads no sample at the restore:
+it parks every buffered one, read when a round costs its bin (pending ones) and when its row
+comes. A ``_window`` of the release before (windows laid
 out whole: ``windows``, ``left``) restores: its bins join the pool (those of its current window
 costed again from their headers), the same rows in this release's order. See
 ``docs/balanced_steps.md``.
@@ -187,21 +187,19 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
 
     def _run_round(self) -> None:
         """A round; each bin it makes ready is costed from its samples' headers and its samples
-        parked (only restore keys held) until the bin's row is next; the samples left pending are
-        parked too (read again when a round costs their bin): a worker holds one round of new
-        samples and the row it builds, and a restored one reads nothing at the restore."""
+        parked (only restore keys held) until the bin's row is next."""
         ready = len(self._planner.ready)
         super()._run_round()
         for group in self._planner.ready[ready:]:
             self._cost_of(group)
             for item in group:
                 self._samples.park(item.index)
-        for item in self._planner.pending:
-            self._samples.park(item.index)
 
     def _parked_at_restore(self) -> dict[int, int]:
-        """A restored worker leaves every buffered sample parked, as they were saved (a state is
-        saved between rounds: nothing new, the pending and ready samples parked)."""
+        """A restored worker leaves every buffered sample parked: the planner needs only its items
+        (lengths and budgets); a ready bin's samples are read when its row is next, a pending (or
+        new) sample when the round that makes its bin ready costs it. (An uninterrupted worker
+        holds its pending samples: ``buffered_bytes`` differs, the rows do not.)"""
         planner = self._planner
         items = [*planner.new, *planner.pending, *(item for group in planner.ready for item in group)]
         return {item.index: item.length for item in items}

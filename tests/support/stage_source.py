@@ -88,8 +88,10 @@ def row_builders(undecodable: frozenset[str] = frozenset()) -> dict[str, RowStep
     return {"steps": RowSteps(postencode=postencode, pack=pack)}
 
 
-#: Telemetry that measures the process (memory, seconds per stage, samples it read again by key), not packing state.
-MEASUREMENTS = ("peak_rss_bytes", "stage_seconds", "worker_seconds", "restore_reads", "parked_reads")
+#: Telemetry that measures the process (memory, bytes of samples held, seconds per stage, samples it
+#: read again by key), not packing state: a restored balanced worker holds its pending samples parked.
+MEASUREMENTS = ("peak_rss_bytes", "buffered_bytes", "stage_seconds", "worker_seconds", "restore_reads",
+                "parked_reads")
 
 
 def take(stage: Any, count: int | None = None) -> tuple[list[tuple[list[str], dict]], Any]:

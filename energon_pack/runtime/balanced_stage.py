@@ -22,10 +22,9 @@ State: the plain stage's fields (the pool's bins are the planner's ready bins an
 the buffered restore keys) plus ``_window``: rows emitted, the cost of every ready bin, the
 planned rows' cost sums for ``loader.stats()``. A restored worker reads no sample at the restore:
 it parks every buffered one, read when a round costs its bin (pending ones) and when its row
-comes. A ``_window`` of the release before (windows laid
-out whole: ``windows``, ``left``) restores: its bins join the pool (those of its current window
-costed again from their headers), the same rows in this release's order. See
-``docs/balanced_steps.md``.
+comes. A ``_window`` of the release before (windows laid out whole: ``windows``, ``left``)
+restores: its bins join the pool (those of its current window costed again from their headers),
+the same rows in this release's order. See ``docs/balanced_steps.md``.
 """
 
 from __future__ import annotations
@@ -167,9 +166,12 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
     @property
     def _window(self) -> dict[str, Any]:
         """The layout state as plain data (a savable field)."""
+        return {**self._figures(), _COSTS_KEY: [[index, cost] for index, cost in self._costs.items()]}
+
+    def _figures(self) -> dict[str, Any]:
+        """Rows emitted and the planned rows' cost figures (``_window`` without the ready bins' costs)."""
         return {"emitted": self._emitted, "rows": self._rows, "flops_sum": self._flops_sum,
-                "flops_sq_sum": self._flops_sq_sum, "window_max_over_mean": self._window_max_over_mean,
-                _COSTS_KEY: [[index, cost] for index, cost in self._costs.items()]}
+                "flops_sq_sum": self._flops_sq_sum, "window_max_over_mean": self._window_max_over_mean}
 
     @_window.setter
     def _window(self, state: dict[str, Any]) -> None:
@@ -251,5 +253,4 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
 
     def _measure_telemetry(self) -> dict[str, Any]:
         # The layout's figures, not the ready bins' costs (state, not telemetry: a list as long as the pool).
-        figures = {key: value for key, value in self._window.items() if key != _COSTS_KEY}
-        return {**super()._measure_telemetry(), "balance": figures}
+        return {**super()._measure_telemetry(), "balance": self._figures()}

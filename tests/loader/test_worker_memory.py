@@ -51,11 +51,10 @@ def test_loader_uses_the_prefetch_knob_and_unfreezes_after_forking(synthetic_dat
 
 
 @pytest.mark.slow
-def test_a_balanced_worker_holds_no_more_than_plain_as_the_window_grows(tmp_path, processor) -> None:
-    """Photos of about 1 MB each: a balanced worker with 1024-row windows (reached by doubling from
-    8) holds its window's rows as restore keys, so its peak USS stays within 1.25x the plain
-    worker's; holding the window's samples it would hold every sample read (the rows of its next
-    window too: over 50 rows' samples by row 24)."""
+def test_a_balanced_worker_holds_no_more_than_plain_as_the_pool_grows(tmp_path, processor) -> None:
+    """Photos of about 1 MB each: a balanced worker with a 1024-row pool (filled at 32 rows a row:
+    737 rows planned ahead at row 24) holds the pool's rows as restore keys, so its peak USS stays
+    within 1.25x the plain worker's; holding the pool's samples it would hold every sample read."""
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
     from energon_pack.tools.bench_loader import WorkerMemorySampler
 

@@ -32,11 +32,13 @@ holds ``N``), and a row's quantile is read from ``N`` rows' costs once the pool 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 from collections.abc import Sequence
 
-__all__ = ["POOL_RAMP", "balanced_window_rows", "level_of", "pick_rank", "pool_rows", "sliding_order", "window_levels"]
+__all__ = ["POOL_RAMP", "POOL_SAMPLES", "balanced_window_rows", "level_of", "pick_rank", "pool_rows", "pool_size",
+           "sliding_order", "window_levels"]
 
 #: Rows a worker plans per row it emits while its pool fills (then one per row): the first row
 #: waits for one row's headers, the pool holds ``N`` rows after ``N / POOL_RAMP`` rows. Rows picked
@@ -44,6 +46,14 @@ __all__ = ["POOL_RAMP", "balanced_window_rows", "level_of", "pick_rank", "pool_r
 #: windows, 512 rows a rank read 0.0038 over the rank floor at a ramp of 4, 0.0028 at 32, 0.0027
 #: with the whole window planned before the first row (docs/balanced_steps.md).
 POOL_RAMP = 32
+
+#: Samples a worker's pool holds at most (as restore keys), whatever its rows: rows of many samples
+#: vary less in cost (their samples average out), so fewer of them resolve the quantiles as well,
+#: and a pool of ``N`` such rows would read ``N`` rows of headers while it fills and put them all
+#: in every checkpoint (the realistic mix's rows hold about 24 samples: 24,000 at 1024 rows). The
+#: cap may differ between ranks: it sets how finely a rank's pool resolves a quantile, not which
+#: quantile a row is (the levels depend on ``N`` only).
+POOL_SAMPLES = 4096
 
 
 def balanced_window_rows(requested: int, *, num_workers: int, micro_batches: int) -> int:
@@ -68,6 +78,21 @@ def pool_rows(window_rows: int, emitted: int, *, ramp: int = POOL_RAMP) -> int:
     if window_rows < 1 or emitted < 0 or ramp < 1:
         raise ValueError(f"window_rows={window_rows} and ramp={ramp} must be >= 1 and emitted={emitted} >= 0")
     return min(window_rows, 1 + ramp * emitted)
+
+
+def pool_size(samples: Sequence[int], rows: int, *, max_samples: int = POOL_SAMPLES) -> int:
+    """Bins of a worker's pool: the longest prefix of its ready bins (``samples``: each one's
+    sample count, planning order) of at most ``rows`` bins and ``max_samples`` samples, at least
+    one (0 when none is ready).
+
+    Example: samples [3, 3, 3], rows 3, max_samples 7 -> 2; samples [9], rows 4, max_samples 7 -> 1.
+    """
+    size, total = 0, 0
+    for count in samples[:rows]:
+        if size and total + count > max_samples:
+            break
+        size, total = size + 1, total + count
+    return size
 
 
 def window_levels(
@@ -102,13 +127,20 @@ def window_levels(
 
 def level_of(emitted: int, *, window_rows: int, worker: int, num_workers: int, micro_batches: int, seed: int) -> int:
     """Cost level (0 = heaviest of ``window_rows``) of a worker's row number ``emitted``:
-    :func:`window_levels` of window ``emitted // window_rows`` at ``emitted % window_rows``.
+    :func:`window_levels` of window ``emitted // window_rows`` at ``emitted % window_rows`` (the
+    latest windows' levels are cached: a worker asks for every row of a window in turn).
 
     Example: window_rows 4, 1 worker, 2 micro-batches, emitted 0..3 -> e.g. 0, 3, 1, 2.
     """
     window, position = divmod(emitted, window_rows)
-    return window_levels(window_rows, window=window, worker=worker, num_workers=num_workers,
-                         micro_batches=micro_batches, seed=seed)[position]
+    return _cached_levels(window_rows, window, worker, num_workers, micro_batches, seed)[position]
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_levels(rows: int, window: int, worker: int, num_workers: int, micro_batches: int,
+                   seed: int) -> tuple[int, ...]:
+    return tuple(window_levels(rows, window=window, worker=worker, num_workers=num_workers,
+                               micro_batches=micro_batches, seed=seed))
 
 
 def pick_rank(pool: int, level: int, window_rows: int) -> int:
@@ -125,28 +157,34 @@ def pick_rank(pool: int, level: int, window_rows: int) -> int:
 
 def sliding_order(
     costs: Sequence[float], *, window_rows: int, worker: int, num_workers: int, micro_batches: int, seed: int,
-    ramp: int = POOL_RAMP,
+    ramp: int = POOL_RAMP, samples: Sequence[int] | None = None, max_samples: int = POOL_SAMPLES,
 ) -> list[int]:
     """Emission order of a worker's rows (``costs`` in planning order; ``window_rows`` in whole
     steps, :func:`balanced_window_rows`): row ``k`` is the row of cost rank :func:`pick_rank` (ties
-    by planning order) among the first :func:`pool_rows` rows not yet emitted, at :func:`level_of`
-    ``k``. The whole layout of the balanced stage: its rows are its plain rows in this order.
+    by planning order) among the rows not yet emitted of :func:`pool_size` (at most
+    :func:`pool_rows` rows and, with each row's ``samples``, ``max_samples`` samples), at
+    :func:`level_of` ``k``. The whole layout of the balanced stage: its rows are its plain rows in
+    this order.
 
     Example: costs [1, 5, 3, 2], window_rows 4, 1 worker, 2 micro-batches, seed 0, ramp 4 -> [0, 2, 1, 3]
     (row 0 from a pool of one; levels 2, 0, 3 then take the 3, the 5 and the 2).
     """
     pool: list[tuple[float, int]] = []  # (-cost, planning position), sorted: cost rank order
+    held = 0  # samples of the pool's rows
     arrived = 0
-    levels: dict[int, list[int]] = {}
     order = []
     for emitted in range(len(costs)):
         size = pool_rows(window_rows, emitted, ramp=ramp)
         while len(pool) < size and arrived < len(costs):
+            count = 1 if samples is None else samples[arrived]
+            if pool and held + count > max_samples:
+                break
             bisect.insort(pool, (-costs[arrived], arrived))
+            held += count
             arrived += 1
-        window, position = divmod(emitted, window_rows)
-        if window not in levels:
-            levels = {window: window_levels(window_rows, window=window, worker=worker, num_workers=num_workers,
-                                            micro_batches=micro_batches, seed=seed)}
-        order.append(pool.pop(pick_rank(len(pool), levels[window][position], window_rows))[1])
+        level = level_of(emitted, window_rows=window_rows, worker=worker, num_workers=num_workers,
+                         micro_batches=micro_batches, seed=seed)
+        row = pool.pop(pick_rank(len(pool), level, window_rows))[1]
+        held -= 1 if samples is None else samples[row]
+        order.append(row)
     return order

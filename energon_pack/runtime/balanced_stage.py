@@ -36,7 +36,15 @@ from typing import Any
 
 from energon_pack.config import PackingConfig
 from energon_pack.packing.algorithms import PackItem
-from energon_pack.packing.online_balance import POOL_RAMP, balanced_window_rows, pick_rank, pool_rows, window_levels
+from energon_pack.packing.online_balance import (
+    POOL_RAMP,
+    POOL_SAMPLES,
+    balanced_window_rows,
+    level_of,
+    pick_rank,
+    pool_rows,
+    pool_size,
+)
 from energon_pack.packing.planner import is_count
 from energon_pack.rows.encoded import PackedRow, PreparedSample
 from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, packing_state_problems
@@ -65,6 +73,7 @@ class OnlineBalance:
     seed: int
     bin_cost: Callable[[list[PreparedSample]], int]
     ramp: int = POOL_RAMP
+    max_samples: int = POOL_SAMPLES
 
 
 def window_state_problems(state: Any, *, ready: int) -> list[str]:
@@ -161,7 +170,6 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
         self._rows = self._flops_sum = self._flops_sq_sum = 0
         self._window_max_over_mean = 0.0
         self._costs: dict[int, int] = {}  # cost of each ready bin, by its first arrival index
-        self._levels: tuple[int, list[int]] | None = None  # (window, its levels): derived, not state
 
     @property
     def _window(self) -> dict[str, Any]:
@@ -217,27 +225,21 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
             self._flops_sq_sum += cost * cost
         return cost
 
-    def _level(self) -> int:
-        """Cost level of the next row (:func:`level_of`, the window's levels computed once)."""
-        rows = self.window_rows()
-        window, position = divmod(self._emitted, rows)
-        if self._levels is None or self._levels[0] != window:
-            self._levels = (window, window_levels(rows, window=window, worker=self.worker_config.rank_worker_id(),
-                                                  num_workers=self.worker_config.num_workers,
-                                                  micro_batches=self.balance.micro_batches, seed=self.balance.seed))
-        return self._levels[1][position]
-
     def _next_bin(self) -> list[PackItem] | None:
         """The pool's bin at the next row's cost quantile; None, so that the stage reads one more
         round first, while the pool is short of :func:`pool_rows` and more bins can come."""
         planner = self._planner
-        size = pool_rows(self.window_rows(), self._emitted, ramp=self.balance.ramp)
-        if len(planner.ready) < size and not (planner.exhausted and not planner.new and not planner.pending):
-            return None
-        if not planner.ready:
+        rows = pool_rows(self.window_rows(), self._emitted, ramp=self.balance.ramp)
+        size = pool_size([len(group) for group in planner.ready[:rows]], rows, max_samples=self.balance.max_samples)
+        if size == len(planner.ready) < rows and not (planner.exhausted and not planner.new and not planner.pending):
+            return None  # the pool could hold more: plan a round
+        if not size:
             return None
         pool = [self._cost_of(group) for group in planner.ready[:size]]
-        rank = pick_rank(len(pool), self._level(), self.window_rows())
+        level = level_of(self._emitted, window_rows=self.window_rows(), worker=self.worker_config.rank_worker_id(),
+                         num_workers=self.worker_config.num_workers, micro_batches=self.balance.micro_batches,
+                         seed=self.balance.seed)
+        rank = pick_rank(len(pool), level, self.window_rows())
         index = sorted(range(len(pool)), key=lambda i: (-pool[i], i))[rank]
         self._window_max_over_mean = max(pool) * len(pool) / sum(pool) if sum(pool) else 0.0
         group = planner.ready.pop(index)

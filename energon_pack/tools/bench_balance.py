@@ -1,7 +1,7 @@
 """``energon-pack bench --stage balance``: balanced steps without a plan, on real online loaders.
 
 ``--balance-dp`` ranks, each a real loader with ``--workers`` processes, read ``--rows`` rows of
-``--seq-length`` (``repeat``), today's order and with ``balance_steps: true`` (windows of
+``--seq-length`` (``repeat``), today's order and with ``balance_steps: true`` (a pool of
 ``--window-rows`` rows per worker, ``micro_batches_per_step`` = ``--balance-micro``); a step is each
 rank's next ``--balance-micro`` rows, costed with the rows' own ``row_cost["flops"]`` (cost model
 ``--cost-model``). The table shows the step imbalance (mean over steps of the slowest rank's cost
@@ -18,7 +18,7 @@ what it emits while its pool fills: ``POOL_RAMP`` rows per row, docs/balanced_st
 from building a loader restored from a state saved after ``--rows`` rows (a step boundary) to its
 first row, the samples that restore read again by
 key (``loader.stats()["restore_reads"]``) and the samples read again per row because their row
-waited in a window (``parked_reads``). With ``--media realistic`` only this table runs, on the
+waited in the pool (``parked_reads``). With ``--media realistic`` only this table runs, on the
 realistic mix (12 MP photos, web-encoded clips: ``--photos``, ``--clips``, ``--mix-scale``).
 """
 
@@ -151,7 +151,7 @@ def cost_table(path: Any, processor: Any, options: BalanceBenchOptions) -> Bench
         )
         figures[balance] = loader_costs(path, config, processor, dp=options.dp, rows=rows)
     table: BenchRows = [{
-        "loader": f"balanced (windows of {options.window_rows} rows)" if balance else "plain",
+        "loader": f"balanced (pool of {options.window_rows} rows)" if balance else "plain",
         "worker peak USS MiB": f"{f['uss'] / 2**20:.0f}", "s to first row": f"{f['first']:.2f}",
         "s to last row": f"{f['last']:.2f}",
         "s restore to first row": f"{f['restored']:.2f}", "reads per restore": f"{f['reads']}",
@@ -169,7 +169,7 @@ def cost_table(path: Any, processor: Any, options: BalanceBenchOptions) -> Bench
 
 
 def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions) -> list[tuple[str, BenchRows, list[str]]]:
-    """Today's order against balanced windows, from real loaders' rows; then what balancing costs a
+    """Today's order against balanced rows, from real loaders' rows; then what balancing costs a
     worker (:func:`cost_table`). With ``options.realistic``: the cost table on the realistic mix."""
     from energon_pack.config import PackingConfig
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
@@ -199,7 +199,7 @@ def bench_balance(num_samples: int, work_dir: Path, options: BalanceBenchOptions
         ratios = step_imbalance(flops, options.micro)
         fill = sum(s["real_tokens"] for s in stats) / max(1, sum(s["row_slots"] for s in stats))
         table.append({
-            "order": f"balanced (windows of {options.window_rows} rows)" if balance else "today",
+            "order": f"balanced (pool of {options.window_rows} rows)" if balance else "today",
             "step imbalance (mean)": f"{ratios.mean():.4f}", "p99": f"{np.percentile(ratios, 99):.4f}",
             "summed": f"{summed_step_imbalance(flops, options.micro):.4f}",
             "rank floor": f"{rank_floor(flops, options.micro):.4f}",

@@ -12,6 +12,7 @@ from energon_pack.packing.online_balance import (
     level_of,
     pick_rank,
     pool_rows,
+    pool_size,
     sliding_order,
     window_levels,
 )
@@ -31,6 +32,7 @@ def test_docstring_examples() -> None:
     assert (pick_rank(3, 0, 4), pick_rank(3, 3, 4), pick_rank(3, 2, 3)) == (0, 2, 2)
     assert sliding_order([1, 5, 3, 2], window_rows=4, worker=0, num_workers=1, micro_batches=2, seed=0,
                          ramp=4) == [0, 2, 1, 3]
+    assert (pool_size([3, 3, 3], 3, max_samples=7), pool_size([9], 4, max_samples=7), pool_size([], 4)) == (2, 1, 0)
     stats = rank_step_imbalance(np.array([[3.0, 1.0], [2.0, 2.0]]), 1)
     assert stats.steps == 2 and stats.mean == pytest.approx((1.2 + 4 / 3) / 2)
     assert summed_step_imbalance(np.array([[1.0, 3.0], [3.0, 1.0]]), 1) == pytest.approx(1.5)
@@ -68,6 +70,16 @@ def test_the_sliding_order_emits_every_row_once_from_a_bounded_pool(costs, windo
     for emitted, row in enumerate(order):  # row k comes from the first pool_rows(k) rows not yet emitted
         assert row < emitted + pool_rows(window_rows, emitted, ramp=ramp)
     assert not order or order[0] == 0  # the first row waits for one planned row
+    # A sample cap: with room for every row it changes nothing; with room for one, rows come in planning order.
+    samples = [1 + cost % 4 for cost in costs]
+    assert sliding_order(costs, **kwargs, samples=samples, max_samples=10**6) == order
+    assert sliding_order(costs, **kwargs, samples=samples, max_samples=1) == list(range(len(costs)))
+    capped = sliding_order(costs, **kwargs, samples=samples, max_samples=6)
+    assert sorted(capped) == list(range(len(costs)))
+    for emitted, row in enumerate(capped):  # the pool is the longest prefix of the rows left within 6 samples
+        left = [i for i in range(len(costs)) if i not in capped[:emitted]]
+        size = pool_size([samples[i] for i in left], pool_rows(window_rows, emitted, ramp=ramp), max_samples=6)
+        assert row in left[:size]
     # With every row in the pool, row k is the pool's row at level k's quantile.
     if len(costs) >= window_rows:
         steady = sliding_order(costs[:window_rows], **{**kwargs, "ramp": window_rows})

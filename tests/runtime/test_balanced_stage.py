@@ -10,7 +10,7 @@ import pytest
 from megatron.energon.worker import WorkerConfig
 
 from energon_pack.config import PackingConfig, PackingPolicy, RowLayout
-from energon_pack.packing.online_balance import POOL_RAMP, balanced_window_rows, sliding_order
+from energon_pack.packing.online_balance import POOL_RAMP, POOL_SAMPLES, balanced_window_rows, sliding_order
 from energon_pack.runtime.balanced_stage import (
     BalancedPackingDataset,
     OnlineBalance,
@@ -35,24 +35,27 @@ def cost(samples) -> int:
 
 
 def make_stage(cls=BalancedPackingDataset, *, undecodable: frozenset[str] = frozenset(), window_rows: int = 4,
-               ramp: int = POOL_RAMP):
+               ramp: int = POOL_RAMP, max_samples: int = POOL_SAMPLES):
     worker_config = WorkerConfig(rank=0, world_size=1, num_workers=0)
     source = ListSource(LENGTHS, worker_config=worker_config)
     extra = {} if cls is PendingGroupPackingDataset else {
-        "balance": OnlineBalance(window_rows=window_rows, micro_batches=MICRO, seed=3, bin_cost=cost, ramp=ramp)}
+        "balance": OnlineBalance(window_rows=window_rows, micro_batches=MICRO, seed=3, bin_cost=cost, ramp=ramp,
+                                 max_samples=max_samples)}
     return cls(source, row=ROW, policy=POLICY, **row_builders(undecodable), worker_config=worker_config, **extra)
 
 
-@pytest.mark.parametrize(("window_rows", "ramp"), [(4, POOL_RAMP), (8, 2), (5, 1)],
-                         ids=["windows-of-4", "windows-of-8-ramp-2", "windows-of-6-ramp-1"])
-def test_rows_are_the_plain_stages_in_the_sliding_layout(window_rows, ramp) -> None:
+@pytest.mark.parametrize(("window_rows", "ramp", "max_samples"), [(4, POOL_RAMP, POOL_SAMPLES), (8, 2, POOL_SAMPLES),
+                                                                  (5, 1, POOL_SAMPLES), (8, 4, 7)],
+                         ids=["windows-of-4", "windows-of-8-ramp-2", "windows-of-6-ramp-1", "pool-of-7-samples"])
+def test_rows_are_the_plain_stages_in_the_sliding_layout(window_rows, ramp, max_samples) -> None:
     plain, _ = take(make_stage(PendingGroupPackingDataset))
-    balanced, state = take(make_stage(window_rows=window_rows, ramp=ramp))
+    balanced, state = take(make_stage(window_rows=window_rows, ramp=ramp, max_samples=max_samples))
     plain_rows = [keys for keys, _ in plain]
     length = dict(zip((f"s{i}" for i in range(len(LENGTHS))), LENGTHS))
     costs = [sum(length[key] ** 2 for key in keys) for keys in plain_rows]
     order = sliding_order(costs, window_rows=balanced_window_rows(window_rows, num_workers=0, micro_batches=MICRO),
-                          worker=0, num_workers=0, micro_batches=MICRO, seed=3, ramp=ramp)
+                          worker=0, num_workers=0, micro_batches=MICRO, seed=3, ramp=ramp,
+                          samples=[len(keys) for keys in plain_rows], max_samples=max_samples)
     assert [keys for keys, _ in balanced] == [plain_rows[i] for i in order]
     assert order != sorted(order)
     assert state["_window"]["emitted"] == len(plain_rows) and state["_window"]["costs"] == []
@@ -62,13 +65,14 @@ def test_rows_are_the_plain_stages_in_the_sliding_layout(window_rows, ramp) -> N
     assert report["balanced_window_max_over_mean"] >= 1.0
 
 
+@pytest.mark.parametrize("max_samples", [POOL_SAMPLES, 7], ids=["pool-of-rows", "pool-of-7-samples"])
 @pytest.mark.parametrize("undecodable", [frozenset(), frozenset({"s2", "s9"})], ids=["clean", "decode-failures"])
-def test_restore_from_every_row_boundary_continues_identically(undecodable) -> None:
-    reference, _ = take(make_stage(undecodable=undecodable))
+def test_restore_from_every_row_boundary_continues_identically(undecodable, max_samples) -> None:
+    reference, _ = take(make_stage(undecodable=undecodable, window_rows=8, ramp=2, max_samples=max_samples))
     for saved_after in range(len(reference) + 1):
-        _, state = take(make_stage(undecodable=undecodable), saved_after)
+        _, state = take(make_stage(undecodable=undecodable, window_rows=8, ramp=2, max_samples=max_samples), saved_after)
         assert balanced_state_problems(state) == []
-        resumed = make_stage(undecodable=undecodable)
+        resumed = make_stage(undecodable=undecodable, window_rows=8, ramp=2, max_samples=max_samples)
         resumed.restore_state(state)
         continuation, _ = take(resumed)
         assert continuation == reference[saved_after:], f"saved after row {saved_after}"

@@ -7,10 +7,10 @@ are modelled FLOPs (:mod:`energon_pack.rows.flops`).
 
 A worker keeps a *pool* of planned rows (groups chosen from headers, nothing decoded), the first
 ``pool_rows(N, k)`` of its ready rows in planning order when it emits its ``k``-th row: one row at
-first, ``ramp`` more per row emitted, then ``N`` (``balance_window_rows``, in whole steps). Row
-``k`` is the pool's row at the quantile of cost level ``level_of(k, ...)`` of a window of ``N``
-(:func:`pick_rank`): the levels are :func:`window_levels` of window ``k // N``, position ``k % N``. A
-rank's micro-batches come from its DataLoader workers in turn (Energon round-robins them), so a
+first, ``ramp`` more per row emitted, then ``N`` (``balance_window_rows``, in whole steps), at
+most ``POOL_SAMPLES`` samples (:func:`pool_size`). Row ``k`` is the pool's row at the quantile of
+cost level ``level_of(k, ...)`` of a window of ``N`` (:func:`pick_rank`): the levels are
+:func:`window_levels` of window ``k // N``, position ``k % N``. A rank's micro-batches come from its DataLoader workers in turn (Energon round-robins them), so a
 worker's ``k``-th row of a window is position ``j = k * num_workers + worker`` of the rank's
 window: step ``j // m``, slot ``j % m`` (``m`` = micro-batches per step). The levels depend only on
 ``N``, the worker index, the worker count, ``m``, the seed and the window index, never on the

@@ -5,7 +5,8 @@ worker's round planner makes ready bins as the plain stage's does (groups chosen
 nothing decoded), and each bin is costed (modelled FLOPs of the row it will be, from token counts
 and media grids) when its round makes it ready. The worker's *pool* is the first
 :func:`~energon_pack.packing.online_balance.pool_rows` of its ready bins, in planning order: one
-bin for the first row, ``ramp`` more per row emitted, then ``N`` (``balance_window_rows``). Its
+bin for the first row, ``ramp`` more per row emitted, then ``N`` (``balance_window_rows``), at
+most ``max_samples`` samples (:func:`~energon_pack.packing.online_balance.pool_size`). Its
 ``k``-th row is the pool's bin at the cost quantile of
 :func:`~energon_pack.packing.online_balance.level_of` ``k``
 (:func:`~energon_pack.packing.online_balance.pick_rank`); then it is decoded, packed and yielded

@@ -52,9 +52,10 @@ def test_loader_uses_the_prefetch_knob_and_unfreezes_after_forking(synthetic_dat
 
 @pytest.mark.slow
 def test_a_balanced_worker_holds_no_more_than_plain_as_the_pool_grows(tmp_path, processor) -> None:
-    """Photos of about 1 MB each: a balanced worker with a 1024-row pool (filled at 32 rows a row:
-    737 rows planned ahead at row 24) holds the pool's rows as restore keys, so its peak USS stays
-    within 1.25x the plain worker's; holding the pool's samples it would hold every sample read."""
+    """Photos of about 1 MB each: a balanced worker with a 1024-row pool (filled at 32 rows a row,
+    up to 4096 samples: hundreds of rows planned ahead by row 24) holds the pool's rows as restore
+    keys, so its peak USS stays within 1.25x the plain worker's; holding the pool's samples it would
+    hold every sample read."""
     from energon_pack.data.synthetic import SyntheticSpec, make_synthetic_dataset
     from energon_pack.tools.bench_loader import WorkerMemorySampler
 

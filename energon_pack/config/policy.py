@@ -44,8 +44,8 @@ OLD_DEFAULT_BUFFER_SIZE = 16
 
 #: Rows per worker of online balanced steps' pool (``balance_window_rows``). The pool holds restore
 #: keys, not samples, so its size costs no memory; 1024 rows leave DP4 x 2 real loaders 0.0024-0.0027
-#: over their rank floor (windows of 256: 0.0037-0.0040) and simulate's DP64 x 1 at 1.006 (512 rows:
-#: 1.009); what it costs is N rows' headers read while the pool fills (docs/balanced_steps.md).
+#: over their rank floor (windows of 256: 0.0037-0.0040) and simulate's DP64 x 1 at 1.007 (windows
+#: of 256: 1.017); what it costs is N rows' headers read while the pool fills (docs/balanced_steps.md).
 DEFAULT_BALANCE_WINDOW_ROWS = 1024
 
 #: What online balanced states saved before the window default changed hold: 256 rows a window.

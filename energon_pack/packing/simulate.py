@@ -608,9 +608,10 @@ def _step_loads(rank_costs: np.ndarray, micro_batches: int) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True)
 class _Shard:
-    """One worker's rows (planning order) with their costs, and the samples they hold."""
+    """One worker's rows (planning order) with their costs and sample counts, and the tokens they hold."""
 
     costs: np.ndarray
+    samples: np.ndarray
     tokens: int
 
 
@@ -634,8 +635,9 @@ class OnlineRows:
         self.max_wait_rounds = max_wait_rounds
         self._shards: dict[tuple[int, int, int], _Shard] = {}
 
-    def shard_rows(self, shard: int, shards: int, rows: int, seed: int) -> np.ndarray:
-        """Costs of the first ``rows`` rows of worker shard ``shard`` of ``shards`` (planning order)."""
+    def shard_rows(self, shard: int, shards: int, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Costs and sample counts of the first ``rows`` rows of worker shard ``shard`` of ``shards``
+        (planning order)."""
         key = (shard, shards, seed)
         cached = self._shards.get(key)
         if cached is None or len(cached.costs) < rows:
@@ -643,6 +645,7 @@ class OnlineRows:
             draw = random.Random(f"energon_pack.simulate:{seed}:{shard}:{shards}")
             order = draw.choices(range(len(self.samples)), k=math.ceil(1.3 * (rows + 1) * per_row) + 64)
             costs: list[float] = []
+            samples: list[int] = []
             tokens = 0
             for packing_round in iter_rounds([self.samples[i] for i in order], self.budget,
                                              round_size=RoundSize(tokens=2 * self.budget.tokens),
@@ -650,27 +653,31 @@ class OnlineRows:
                 for row in packing_round.rows:
                     members_of_row = [order[item.index] for item in row]
                     costs.append(self.constant + float(self.costs[members_of_row].sum()))
+                    samples.append(len(members_of_row))
                     tokens += sum(self.real_tokens[i] for i in members_of_row)
                 if len(costs) > rows:
                     break
             if len(costs) < rows:
                 raise ValueError(f"worker shard {shard} of {shards} packed {len(costs)} rows, fewer than {rows}")
-            cached = self._shards[key] = _Shard(costs=np.array(costs), tokens=tokens)
-        return cached.costs[:rows]
+            cached = self._shards[key] = _Shard(costs=np.array(costs), samples=np.array(samples), tokens=tokens)
+        return cached.costs[:rows], cached.samples[:rows]
 
     def rank_costs(self, *, dp: int, workers: int, micro_batches: int, steps: int, window_rows: int | None,
                    seed: int) -> np.ndarray:
         """Row costs [dp, steps * micro_batches] in each rank's reading order: its workers' rows
         in turn; each worker's rows in planning order (``window_rows`` None: today) or laid out
-        by :func:`sliding_order` over windows of ``window_rows`` (online balanced rows)."""
+        by :func:`sliding_order` over windows of ``window_rows`` with the pool's sample cap (online
+        balanced rows)."""
         per_worker = -(-steps * micro_batches // workers)
         out = np.empty((dp, per_worker * workers))
         for rank in range(dp):
             for worker in range(workers):
-                costs = self.shard_rows(rank * workers + worker, dp * workers, per_worker + (window_rows or 0), seed)
+                costs, samples = self.shard_rows(rank * workers + worker, dp * workers,
+                                                 per_worker + (window_rows or 0), seed)
                 if window_rows is not None:
                     costs = costs[sliding_order(costs.tolist(), window_rows=window_rows, worker=worker,
-                                                num_workers=workers, micro_batches=micro_batches, seed=seed)]
+                                                num_workers=workers, micro_batches=micro_batches, seed=seed,
+                                                samples=samples.tolist())]
                 out[rank, worker::workers] = costs[:per_worker]
         return out[:, : steps * micro_batches]
 

@@ -20,8 +20,9 @@ stage's pending samples plus the row it emits, whatever ``N``. The first row wai
 not a window; while the pool fills, each row waits for ``ramp`` bins' headers.
 
 State: the plain stage's fields (the pool's bins are the planner's ready bins and their samples
-the buffered restore keys) plus ``_window``: rows emitted, the cost of every ready bin, the
-planned rows' cost sums for ``loader.stats()``. A restored worker reads no sample at the restore:
+the buffered restore keys) plus ``_window``: the cost of every ready bin and the planned rows' cost
+sums for ``loader.stats()``; the layout's row index is the rows the worker emitted, which the plain
+stage's statistics count and save already. A restored worker reads no sample at the restore:
 it parks every buffered one, read when a round costs its bin (pending ones) and when its row
 comes. A ``_window`` of the release before (windows laid out whole: ``windows``, ``left``)
 restores: its bins join the pool (those of its current window costed again from their headers),
@@ -31,7 +32,7 @@ the same rows in this release's order. See ``docs/balanced_steps.md``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,13 +48,13 @@ from energon_pack.packing.online_balance import (
     pool_size,
 )
 from energon_pack.packing.planner import is_count
-from energon_pack.rows.encoded import PackedRow, PreparedSample
+from energon_pack.rows.encoded import PreparedSample
 from energon_pack.runtime.packing_stage import PendingGroupPackingDataset, packing_state_problems
 
 __all__ = ["BalancedPackingDataset", "OnlineBalance", "balance_report", "balanced_state_problems", "online_balance",
            "window_state_problems"]
 
-_WINDOW_KEYS = ("emitted", "rows", "flops_sum", "flops_sq_sum", "window_max_over_mean")
+_WINDOW_KEYS = ("rows", "flops_sum", "flops_sq_sum", "window_max_over_mean")
 #: A ``_window`` saved by the release before, which laid windows out whole: windows formed, rows
 #: of the current window not yet taken (the first ``left`` ready bins, uncosted).
 _OLD_WINDOW_KEYS = ("windows", "left", "rows", "flops_sum", "flops_sq_sum", "window_max_over_mean")
@@ -86,7 +87,7 @@ def window_state_problems(state: Any, *, ready: int) -> list[str]:
     """
     if not isinstance(state, Mapping):
         return [f"_window is not a saved window state (keys {list(_WINDOW_KEYS)})"]
-    keys = _WINDOW_KEYS if "emitted" in state else _OLD_WINDOW_KEYS
+    keys = _OLD_WINDOW_KEYS if "windows" in state else _WINDOW_KEYS
     if any(key not in state for key in keys):
         return [f"_window is not a saved window state (keys {list(_WINDOW_KEYS)})"]
     bad = [key for key in keys if key != "window_max_over_mean" and not is_count(state[key])]
@@ -167,7 +168,6 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
 
     def reset_state_own(self) -> None:
         super().reset_state_own()
-        self._emitted = 0  # rows emitted so far (the layout's row index)
         self._rows = self._flops_sum = self._flops_sq_sum = 0
         self._window_max_over_mean = 0.0
         self._costs: dict[int, int] = {}  # cost of each ready bin, by its first arrival index
@@ -178,15 +178,14 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
         return {**self._figures(), _COSTS_KEY: [[index, cost] for index, cost in self._costs.items()]}
 
     def _figures(self) -> dict[str, Any]:
-        """Rows emitted and the planned rows' cost figures (``_window`` without the ready bins' costs)."""
-        return {"emitted": self._emitted, "rows": self._rows, "flops_sum": self._flops_sum,
+        """The planned rows' cost figures (``_window`` without the ready bins' costs)."""
+        return {"rows": self._rows, "flops_sum": self._flops_sum,
                 "flops_sq_sum": self._flops_sq_sum, "window_max_over_mean": self._window_max_over_mean}
 
     @_window.setter
     def _window(self, state: dict[str, Any]) -> None:
-        # The release before counted windows formed and the rows left in the current one.
-        self._emitted = state["emitted"] if "emitted" in state else max(
-            0, state["windows"] * self.window_rows() - state["left"])
+        # A state of the release before also holds ``windows`` and ``left``: the row index it needs
+        # is the rows emitted (``_stats.rows``), so they are not needed.
         self._rows, self._flops_sum, self._flops_sq_sum = state["rows"], state["flops_sum"], state["flops_sq_sum"]
         self._window_max_over_mean = state["window_max_over_mean"]
         self._costs = {index: cost for index, cost in state.get(_COSTS_KEY, [])}
@@ -230,29 +229,26 @@ class BalancedPackingDataset(PendingGroupPackingDataset):
         """The pool's bin at the next row's cost quantile; None, so that the stage reads one more
         round first, while the pool is short of :func:`pool_rows` and more bins can come."""
         planner = self._planner
-        rows = pool_rows(self.window_rows(), self._emitted, ramp=self.balance.ramp)
+        window_rows = self.window_rows()
+        # The layout's row index: rows emitted (a bin that lost a sample at decode emits none, and
+        # the next bin takes its level, so the worker stays aligned with the other ranks' workers).
+        emitted = self._stats.rows
+        rows = pool_rows(window_rows, emitted, ramp=self.balance.ramp)
         size = pool_size([len(group) for group in planner.ready[:rows]], rows, max_samples=self.balance.max_samples)
         if size == len(planner.ready) < rows and not (planner.exhausted and not planner.new and not planner.pending):
             return None  # the pool could hold more: plan a round
         if not size:
             return None
         pool = [self._cost_of(group) for group in planner.ready[:size]]
-        level = level_of(self._emitted, window_rows=self.window_rows(), worker=self.worker_config.rank_worker_id(),
+        level = level_of(emitted, window_rows=window_rows, worker=self.worker_config.rank_worker_id(),
                          num_workers=self.worker_config.num_workers, micro_batches=self.balance.micro_batches,
                          seed=self.balance.seed)
-        rank = pick_rank(len(pool), level, self.window_rows())
-        index = sorted(range(len(pool)), key=lambda i: (-pool[i], i))[rank]
-        self._window_max_over_mean = max(pool) * len(pool) / sum(pool) if sum(pool) else 0.0
+        index = sorted(range(size), key=lambda i: (-pool[i], i))[pick_rank(size, level, window_rows)]
+        total = sum(pool)
+        self._window_max_over_mean = max(pool) * size / total if total else 0.0
         group = planner.ready.pop(index)
         del self._costs[group[0].index]
         return group
-
-    def _emit_ready(self) -> Iterator[PackedRow]:
-        # A row counts when it is emitted: a bin that lost a sample at decode emits none, and the
-        # next bin takes its level, so the worker stays aligned with the other ranks' workers.
-        for row in super()._emit_ready():
-            self._emitted += 1
-            yield row
 
     def _measure_telemetry(self) -> dict[str, Any]:
         # The layout's figures, not the ready bins' costs (state, not telemetry: a list as long as the pool).

@@ -58,7 +58,7 @@ def test_rows_are_the_plain_stages_in_the_sliding_layout(window_rows, ramp, max_
                           samples=[len(keys) for keys in plain_rows], max_samples=max_samples)
     assert [keys for keys, _ in balanced] == [plain_rows[i] for i in order]
     assert order != sorted(order)
-    assert state["_window"]["emitted"] == len(plain_rows) and state["_window"]["costs"] == []
+    assert state["_stats"]["rows"] == len(plain_rows) and state["_window"]["costs"] == []
     report = balance_report([stats for _, stats in balanced[-1:]])
     assert report["balanced_row_flops"]["rows"] == len(plain_rows)
     assert report["balanced_row_flops"]["mean"] == pytest.approx(sum(costs) / len(plain_rows))
@@ -143,8 +143,8 @@ def test_a_restore_reads_pending_samples_only_and_a_state_of_the_last_release_re
 def test_a_damaged_window_state_is_named() -> None:
     _, state = take(make_stage(), 3)
     assert state["_plan"]["ready"]
-    emitted = {**state, "_window": {**state["_window"], "emitted": -1}}
-    assert balanced_state_problems(emitted) == ["_window: emitted=-1 is not a non-negative integer"]
+    rows = {**state, "_window": {**state["_window"], "rows": -1}}
+    assert balanced_state_problems(rows) == ["_window: rows=-1 is not a non-negative integer"]
     old = last_release_window(state, 1, costed=True)
     broken = {**old, "_window": {**old["_window"], "left": 99}}
     assert balanced_state_problems(broken) == [

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from energon_pack.config import PackingConfig
-from energon_pack.loader import PackingLoaderState, get_packing_loader
+from energon_pack.loader import ROW_CHECKPOINTS, PackingLoaderState, get_packing_loader
 
 #: Row width (tokens) of the loader tests.
 W = 4096
 #: Loader keyword arguments that save a worker checkpoint after every sample (exact resume anywhere;
 #: get_packing_loader's default since issue 49, spelled out where a test depends on it).
-EAGER = dict(checkpoint_every_sec=0, checkpoint_every_min_n_samples=1)
+EAGER = dict(ROW_CHECKPOINTS)
 #: Energon's own defaults (a checkpoint a minute at most): a restore replays rows from the last one.
 ENERGON_CHECKPOINTS = dict(checkpoint_every_sec=60, checkpoint_every_min_n_samples=None)
 ROW_TENSORS = (
